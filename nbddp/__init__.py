@@ -1,0 +1,1 @@
+"""nbddp: annotated fine-tuning notebooks -> one DDP-safe script that torchrun runs unchanged."""

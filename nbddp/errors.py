@@ -1,0 +1,36 @@
+"""The one exception family nbddp raises for bad input; the CLI prints it and exits with its status."""
+
+
+class NbddpError(Exception):
+    """Root of nbddp's errors. `exit_status` is what `pipeline.py` exits with."""
+
+    exit_status = 2
+
+
+class UsageError(NbddpError):
+    """A bad command-line flag or value; the message names the flag."""
+
+
+class NotebookError(NbddpError):
+    """Something wrong in a notebook, located by notebook path, 1-based cell and 1-based line."""
+
+    def __init__(self, notebook, message, cell=None, line=None, hint=None):
+        self.notebook = str(notebook)
+        self.cell = cell
+        self.line = line
+        self.message = message
+        self.hint = hint
+        super().__init__(str(self))
+
+    @property
+    def location(self):
+        parts = [self.notebook]
+        if self.cell is not None:
+            parts.append(f"cell {self.cell}")
+        if self.line is not None:
+            parts.append(f"line {self.line}")
+        return ", ".join(parts)
+
+    def __str__(self):
+        text = f"{self.location}: {self.message}"
+        return f"{text}\n  hint: {self.hint}" if self.hint else text

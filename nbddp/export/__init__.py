@@ -1,0 +1,1 @@
+"""Export room: stage notebooks -> rewrites -> generated/train.py. Never imports torch."""
