@@ -33,6 +33,7 @@ class ExportContext:
     """What a rewrite may need to know about the whole pipeline."""
 
     stage_notebooks: frozenset = frozenset()  # file names of the stages, e.g. {"01_data_prep.ipynb"}
+    cell_tags: frozenset = frozenset()  # tags of the cell being rewritten, e.g. {"rank0"}
 
 
 class Rewrite(cst.CSTTransformer):
