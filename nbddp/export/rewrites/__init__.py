@@ -1,19 +1,49 @@
-"""The DDP rewrites, applied to one cell's source in order. Each one lives in its own module."""
-import libcst as cst
+"""The DDP rewrites, applied to one cell's source in order. Each one lives in its own module.
+
+`apply` first turns magics into Python (`convert_magics`), then runs `REWRITES` in order. Each
+rewrite records changes at lines of the code it was given; `apply` maps them back to the lines of
+the cell as the author wrote it, so the report names the line the author sees.
+"""
+import difflib
+
 from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
+from nbddp.export.rewrites.convert_magics import convert_cell
 
-# Filled in order by the rewrite modules; magics are converted before any of these run.
 REWRITES: list[type[Rewrite]] = []
 
 
 def apply(source: str, location: CellLocation, context: ExportContext = ExportContext()) -> tuple[str, list[Change]]:
-    """Rewrite one code cell's source; returns the new source and the changes made, in order."""
-    changes: list[Change] = []
-    module = cst.parse_module(source)
+    """Rewrite one code cell's raw source; returns the new source and the changes made, in order."""
+    module, changes = convert_cell(source, location, context)
+    cell_lines = list(range(1, len(source.splitlines()) + 1))
+    origins = _follow_lines(source, module.code, cell_lines)  # the cell line each line of `module` came from
     for rewrite_class in REWRITES:
         rewrite = rewrite_class(location, context)
-        module = MetadataWrapper(module).visit(rewrite)
-        changes.extend(rewrite.changes)
+        rewritten = MetadataWrapper(module).visit(rewrite)
+        changes += [_moved(change, origins) for change in rewrite.changes]
+        origins = _follow_lines(module.code, rewritten.code, origins)
+        module = rewritten
     return module.code, changes
+
+
+def _moved(change: Change, origins: list[int | None]) -> Change:
+    """`change` at the cell line its line came from (the nearest one above, for a line nbddp wrote)."""
+    known = [origin for origin in origins[: change.line] if origin is not None]
+    line = known[-1] if known else next((origin for origin in origins if origin is not None), change.line)
+    return Change(change.rewrite, change.location, line, change.message)
+
+
+def _follow_lines(old: str, new: str, origins: list[int | None]) -> list[int | None]:
+    """The origin of each line of `new`, given those of `old` (difflib alignment on stripped lines)."""
+    old_lines = [line.strip() for line in old.splitlines()]
+    new_lines = [line.strip() for line in new.splitlines()]
+    followed: list[int | None] = []
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        if tag == "insert":
+            followed += [None] * (j2 - j1)
+        elif tag != "delete":  # equal, or replace: line k of the block came from line k (or the block's last)
+            followed += [origins[min(i1 + k, i2 - 1)] for k in range(j2 - j1)]
+    return followed

@@ -1,0 +1,229 @@
+from textwrap import dedent
+
+import pytest
+
+from nbddp.errors import NotebookError
+from nbddp.export.rewrites.base import CellLocation, ExportContext
+from nbddp.export.rewrites.convert_magics import convert_cell, to_python
+
+LOCATION = CellLocation("notebooks/01_data_prep.ipynb", 3)
+
+
+def convert(before, stages=()):
+    module, changes = convert_cell(dedent(before), LOCATION, ExportContext(stage_notebooks=frozenset(stages)))
+    assert all(change.rewrite == "convert-magics" for change in changes)
+    return module.code, [(change.line, change.message) for change in changes]
+
+
+def convert_error(before, stages=()) -> NotebookError:
+    with pytest.raises(NotebookError) as raised:
+        convert(before, stages)
+    assert (raised.value.notebook, raised.value.cell) == ("notebooks/01_data_prep.ipynb", 3)
+    return raised.value
+
+
+def test_plain_python_is_left_exactly_as_written():
+    before = """\
+        # load   things
+        import os ;  x = ( 1 +
+            2 )   # odd spacing kept
+        if x:
+            pass
+        """
+    assert convert(before) == (dedent(before), [])
+
+
+def test_pip_install_at_top_level_becomes_a_comment_on_its_own_line():
+    code, changes = convert(
+        """\
+        import os
+        !pip install -q datasets
+        x = 1  # kept
+        """
+    )
+    assert code == dedent(
+        """\
+        import os
+        # nbddp: dropped !pip install -q datasets
+        x = 1  # kept
+        """
+    )
+    assert changes == [(2, "dropped `!pip install -q datasets` (install packages before running the script)")]
+
+
+def test_unsloth_capture_cell_with_pip_in_if_else_keeps_the_body_on_its_lines():
+    code, changes = convert(
+        """\
+        %%capture
+        import os
+        if "COLAB_" not in "".join(os.environ.keys()):
+            !pip install unsloth
+        else:
+            # Do this only in Colab notebooks! Otherwise use pip install unsloth
+            !pip install --no-deps bitsandbytes accelerate peft trl
+            !pip install --no-deps unsloth
+        """
+    )
+    assert code == dedent(
+        """\
+        # nbddp: dropped %%capture
+        import os
+        if "COLAB_" not in "".join(os.environ.keys()):
+            pass  # nbddp: dropped !pip install unsloth
+        else:
+            # Do this only in Colab notebooks! Otherwise use pip install unsloth
+            pass  # nbddp: dropped !pip install --no-deps bitsandbytes accelerate peft trl
+            pass  # nbddp: dropped !pip install --no-deps unsloth
+        """
+    )
+    assert [line for line, _ in changes] == [1, 4, 7, 8]
+    assert changes[0] == (1, "dropped `%%capture`; its body is kept")
+
+
+def test_a_dropped_line_beside_other_statements_in_a_block_becomes_a_comment():
+    code, _ = convert(
+        """\
+        if True:
+            x = 1
+            !pip install a
+        for i in range(2):
+            !pip install b
+            y = i
+        """
+    )
+    assert code == dedent(
+        """\
+        if True:
+            x = 1
+            # nbddp: dropped !pip install a
+        for i in range(2):
+            # nbddp: dropped !pip install b
+            y = i
+        """
+    )
+
+
+@pytest.mark.parametrize(
+    "magic",
+    [
+        "%pip install trl",
+        "!pip3 install trl",
+        "!python -m pip install trl",
+        "!uv pip install trl",
+        "%uv pip install trl",
+        "!conda install -y trl",
+        "%conda install trl",
+    ],
+)
+def test_every_kind_of_package_install_is_dropped(magic):
+    code, changes = convert(magic + "\n")
+    assert code == f"# nbddp: dropped {magic}\n"
+    assert changes == [(1, f"dropped `{magic}` (install packages before running the script)")]
+
+
+def test_continued_magic_lines_keep_the_following_lines_in_place():
+    code, changes = convert("!pip install a \\\n    b\nx = 1\n%matplotlib inline\n")
+    assert code.splitlines()[2:] == ["x = 1", "# nbddp: dropped %matplotlib inline"]
+    assert [line for line, _ in changes] == [1, 4]
+
+
+def test_leading_blank_lines_are_kept():
+    code, changes = convert("\n\n%matplotlib inline\nx = 1\n")
+    assert code == "\n\n# nbddp: dropped %matplotlib inline\nx = 1\n"
+    assert changes == [(3, "dropped `%matplotlib inline` (interactive only)")]
+
+
+def test_env_sets_os_environ_and_imports_os_once():
+    code, changes = convert(
+        """\
+        %env HF_HUB_OFFLINE=1
+        %env TOKENIZERS_PARALLELISM false
+        %env HF_HOME
+        """
+    )
+    assert code == dedent(
+        """\
+        import os
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        # nbddp: dropped %env HF_HOME
+        """
+    )
+    assert changes == [
+        (1, '`%env HF_HUB_OFFLINE=1` -> os.environ["HF_HUB_OFFLINE"] = "1"'),
+        (2, '`%env TOKENIZERS_PARALLELISM false` -> os.environ["TOKENIZERS_PARALLELISM"] = "false"'),
+        (3, "dropped `%env HF_HOME` (interactive only)"),
+    ]
+
+
+def test_env_does_not_import_os_twice():
+    code, _ = convert("import os\n%env A=1\n")
+    assert code == 'import os\nos.environ["A"] = "1"\n'
+
+
+def test_env_with_a_python_expansion_is_an_error():
+    error = convert_error("x = 1\n%env A=$x\n")
+    assert error.line == 2
+    assert "os.environ" in error.hint
+
+
+def test_run_of_a_stage_notebook_is_dropped():
+    code, changes = convert("%run ./01_data_prep.ipynb\nx = 1\n", stages={"01_data_prep.ipynb"})
+    assert code == "# nbddp: dropped %run ./01_data_prep.ipynb\nx = 1\n"
+    assert changes == [(1, "dropped `%run ./01_data_prep.ipynb` (that stage is part of the script)")]
+
+
+def test_run_of_anything_else_is_an_error():
+    error = convert_error("x = 1\n%run helpers.py\n", stages={"01_data_prep.ipynb"})
+    assert error.line == 2
+    assert "not a stage notebook" in error.message
+
+
+def test_time_magics_keep_their_code():
+    code, changes = convert(
+        """\
+        %%time
+        x = 1
+        %time y = x + 1
+        """
+    )
+    assert code == "# nbddp: dropped %%time\nx = 1\ny = x + 1\n"
+    assert changes == [
+        (1, "dropped `%%time`; its body is kept"),
+        (3, "dropped `%time` (timing only); kept `y = x + 1`"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "cell, line, message",
+    [
+        ("x = 1\n!ls -la\n", 2, "shell command `!ls -la` cannot run in the script"),
+        ("files = !ls\n", 1, "`!ls` has no equivalent in a script"),
+        ("%timeit sum(range(9))\n", 1, "magic `%timeit sum(range(9))` has no equivalent in a script"),
+        ("x = 1\nx?\n", 2, "magic `%pinfo x` has no equivalent in a script"),
+        ("%%bash\nls\n", 1, "cell magic `%%bash` has no equivalent in a script"),
+        ("%%capture\nx = 1\n\n!nvidia-smi\n", 4, "shell command `!nvidia-smi` cannot run in the script"),
+    ],
+)
+def test_other_magics_are_errors_at_their_line(cell, line, message):
+    error = convert_error(cell)
+    assert (error.line, error.message) == (line, message)
+    assert "notebook-only" in error.hint
+
+
+def test_capture_into_a_variable_is_an_error():
+    error = convert_error("%%capture output\n!pip install x\n")
+    assert error.line == 1
+    assert "variable" in error.message
+
+
+def test_syntax_errors_name_the_line():
+    error = convert_error("x = 1\n\ndef f(:\n    pass\n")
+    assert error.line == 3
+    assert error.message.startswith("not valid Python")
+
+
+def test_to_python_keeps_line_numbers_of_line_magics():
+    source = "\n!pip install a \\\n  b \\\n  c\n%pip install d\nx = 1\n"
+    assert len(to_python(source).splitlines()) == len(source.splitlines())
+    assert to_python(source).splitlines()[5] == "x = 1"
