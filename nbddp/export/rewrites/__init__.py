@@ -10,8 +10,11 @@ from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
 from nbddp.export.rewrites.convert_magics import convert_cell
+from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 
-REWRITES: list[type[Rewrite]] = []
+REWRITES: list[type[Rewrite]] = [
+    HoistUnslothImport,
+]
 
 
 def apply(source: str, location: CellLocation, context: ExportContext = ExportContext()) -> tuple[str, list[Change]]:
