@@ -11,9 +11,11 @@ from libcst.metadata import MetadataWrapper
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
 from nbddp.export.rewrites.convert_magics import convert_cell
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
+from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
 
 REWRITES: list[type[Rewrite]] = [
     HoistUnslothImport,
+    InjectDeviceMap,
 ]
 
 

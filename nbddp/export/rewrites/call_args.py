@@ -1,5 +1,22 @@
 """Reading and editing the arguments of a call while keeping the author's layout (one per line, trailing comma, comments)."""
+import ast
+
 import libcst as cst
+
+NOT_A_LITERAL = object()
+
+
+def code_of(node: cst.CSTNode) -> str:
+    """The source text of `node`, as written."""
+    return cst.Module([]).code_for_node(node)
+
+
+def literal_value(node: cst.BaseExpression):
+    """The value of a literal (`"auto"`, `0`, `{"": 0}`, `None`), or NOT_A_LITERAL for any other expression."""
+    try:
+        return ast.literal_eval(code_of(node))
+    except (ValueError, SyntaxError):
+        return NOT_A_LITERAL
 
 
 def callee_name(call: cst.Call) -> str | None:

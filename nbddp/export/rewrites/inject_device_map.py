@@ -1,0 +1,73 @@
+"""Load each rank's model copy on that rank's own GPU: `device_map=ddp.device_map()` in model loaders.
+
+Under torchrun every rank holds a whole model; `device_map="auto"` would split one model across all
+GPUs and `0`/`"cuda"` would put every rank on GPU 0. Matched loaders: `X.from_pretrained(...)` where X
+is `FastLanguageModel`, `FastModel`, `FastVisionModel`, `AutoModel*`, `AutoPeftModel*`, `*ForCausalLM`
+or `*ForConditionalGeneration`. Tokenizers and processors are not models and are left alone.
+"""
+import libcst as cst
+import libcst.matchers as m
+
+from nbddp.export.rewrites.base import Rewrite
+from nbddp.export.rewrites.call_args import (
+    append_keyword,
+    callee_name,
+    code_of,
+    has_double_star,
+    keyword,
+    literal_value,
+    receiver_name,
+    set_keyword_value,
+)
+
+UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
+LOADER_PREFIXES = ("AutoModel", "AutoPeftModel")
+LOADER_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
+
+SPLITS_THE_MODEL = ("auto", "balanced", "balanced_low_0", "sequential")
+FIRST_GPU = (0, "cuda", "cuda:0")
+DDP_DEVICE_MAP = m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("device_map")), args=[])
+
+
+def is_model_loader(call: cst.Call) -> bool:
+    receiver = receiver_name(call)
+    return (
+        callee_name(call) == "from_pretrained"
+        and receiver is not None
+        and (receiver in UNSLOTH_LOADERS or receiver.startswith(LOADER_PREFIXES) or receiver.endswith(LOADER_SUFFIXES))
+    )
+
+
+def _on_first_gpu(value) -> bool:
+    """`0`, `"cuda"`, `"cuda:0"`, or `{"": <one of those>}` (the whole model on GPU 0)."""
+    if isinstance(value, dict):
+        return list(value) == [""] and _on_first_gpu(value[""])
+    return any(value == gpu and type(value) is type(gpu) for gpu in FIRST_GPU)
+
+
+class InjectDeviceMap(Rewrite):
+    NAME = "inject-device-map"
+    DESCRIPTION = "Model loaders get device_map=ddp.device_map(), so that each rank loads the whole model on its own GPU."
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if not is_model_loader(original_node):
+            return updated_node
+        given = keyword(original_node, "device_map")
+        if given is None and has_double_star(original_node):
+            self.record(original_node, "cannot see whether ** arguments set device_map; it should be ddp.device_map()")
+            return updated_node
+        if given is None:
+            self.record(original_node, "added device_map=ddp.device_map() (each rank loads the model on its own GPU)")
+            return append_keyword(updated_node, "device_map", cst.parse_expression("ddp.device_map()"))
+        if m.matches(given.value, DDP_DEVICE_MAP):
+            return updated_node
+        written, value = f"device_map={code_of(given.value)}", literal_value(given.value)
+        if value in SPLITS_THE_MODEL:
+            reason = "splits the model across GPUs; under torchrun each rank must hold its own copy"
+        elif _on_first_gpu(value):
+            reason = "puts every rank on GPU 0; each rank must use its own GPU"
+        else:
+            self.record(given, f"left {written} as written; under torchrun each rank needs the whole model on its own GPU, as ddp.device_map() gives")
+            return updated_node
+        self.record(given, f"replaced {written} ({reason})")
+        return set_keyword_value(updated_node, "device_map", cst.parse_expression("ddp.device_map()"))

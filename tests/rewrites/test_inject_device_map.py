@@ -1,0 +1,115 @@
+import pytest
+from rewrite_case import assert_rewrites, assert_unchanged, run
+
+from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
+
+
+def test_unsloth_loader_gets_a_device_map_in_its_own_layout():
+    changes = assert_rewrites(
+        InjectDeviceMap,
+        """\
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            model_name = "unsloth/Llama-3.2-1B",
+            max_seq_length = max_seq_length,
+            dtype = None,
+            load_in_4bit = True,  # 4bit cuts memory use
+        )
+        """,
+        """\
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            model_name = "unsloth/Llama-3.2-1B",
+            max_seq_length = max_seq_length,
+            dtype = None,
+            load_in_4bit = True,  # 4bit cuts memory use
+            device_map=ddp.device_map(),
+        )
+        """,
+    )
+    assert changes == [(1, "added device_map=ddp.device_map() (each rank loads the model on its own GPU)")]
+
+
+@pytest.mark.parametrize(
+    "loader",
+    [
+        "FastModel",
+        "FastVisionModel",
+        "AutoModelForCausalLM",
+        "transformers.AutoModelForCausalLM",
+        "AutoModel",
+        "AutoPeftModelForCausalLM",
+        "LlamaForCausalLM",
+        "Qwen2VLForConditionalGeneration",
+    ],
+)
+def test_every_model_loader_is_matched(loader):
+    assert_rewrites(
+        InjectDeviceMap,
+        f'model = {loader}.from_pretrained("m")\n',
+        f'model = {loader}.from_pretrained("m", device_map=ddp.device_map())\n',
+    )
+
+
+@pytest.mark.parametrize("written", ['"auto"', "'balanced'", '"sequential"'])
+def test_splitting_device_maps_are_replaced(written):
+    changes = assert_rewrites(
+        InjectDeviceMap,
+        f"model = AutoModelForCausalLM.from_pretrained(\n    name,\n    device_map={written},  # fits?\n)\n",
+        "model = AutoModelForCausalLM.from_pretrained(\n    name,\n    device_map=ddp.device_map(),  # fits?\n)\n",
+    )
+    assert changes == [
+        (3, f"replaced device_map={written} (splits the model across GPUs; under torchrun each rank must hold its own copy)")
+    ]
+
+
+@pytest.mark.parametrize("written", ["0", '"cuda"', '"cuda:0"', '{"": 0}', "{'': 'cuda:0'}"])
+def test_first_gpu_device_maps_are_replaced(written):
+    changes = assert_rewrites(
+        InjectDeviceMap,
+        f"model = FastLanguageModel.from_pretrained(name, device_map = {written})\n",
+        "model = FastLanguageModel.from_pretrained(name, device_map = ddp.device_map())\n",
+    )
+    assert changes == [(1, f"replaced device_map={written} (puts every rank on GPU 0; each rank must use its own GPU)")]
+
+
+@pytest.mark.parametrize("written", ['{"model.embed": 0, "lm_head": 1}', "my_map", '"cpu"'])
+def test_other_device_maps_are_kept_with_a_note(written):
+    code, changes = run(InjectDeviceMap, f"model = AutoModel.from_pretrained(name, device_map={written})\n")
+    assert code == f"model = AutoModel.from_pretrained(name, device_map={written})\n"
+    assert len(changes) == 1
+    assert changes[0][1].startswith(f"left device_map={written} as written")
+
+
+def test_double_star_arguments_are_not_second_guessed():
+    code, changes = run(InjectDeviceMap, "model = AutoModel.from_pretrained(name, **options)\n")
+    assert code == "model = AutoModel.from_pretrained(name, **options)\n"
+    assert changes == [(1, "cannot see whether ** arguments set device_map; it should be ddp.device_map()")]
+
+
+def test_tokenizers_and_other_calls_are_left_alone():
+    assert_unchanged(
+        InjectDeviceMap,
+        """\
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        processor = AutoProcessor.from_pretrained(name, device_map="auto")
+        config = AutoConfig.from_pretrained(name)
+        model = FastLanguageModel.get_peft_model(model, r=16)
+        model = PeftModel.from_pretrained(model, "lora_model")
+        model = FastLanguageModel.from_pretrained(name, device_map=ddp.device_map())
+        """,
+    )
+
+
+def test_nested_loaders_are_found():
+    assert_rewrites(
+        InjectDeviceMap,
+        """\
+        def load(name):
+            if name:
+                return AutoModelForCausalLM.from_pretrained(name)
+        """,
+        """\
+        def load(name):
+            if name:
+                return AutoModelForCausalLM.from_pretrained(name, device_map=ddp.device_map())
+        """,
+    )
