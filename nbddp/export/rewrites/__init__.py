@@ -12,10 +12,12 @@ from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewr
 from nbddp.export.rewrites.convert_magics import convert_cell
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
+from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
 
 REWRITES: list[type[Rewrite]] = [
     HoistUnslothImport,
     InjectDeviceMap,
+    ReplaceCudaDevice,
 ]
 
 

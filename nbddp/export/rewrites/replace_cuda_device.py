@@ -1,0 +1,87 @@
+"""Send tensors and models to this rank's device, `ddp.device`, instead of a hard-coded CUDA device.
+
+`ddp.device` is `cuda:<local_rank>` on GPUs and `cpu` without them, so the same script runs under
+torchrun on N GPUs and on a laptop. Replaced: `x.cuda()` (also `x.cuda(0)`), `"cuda"`/`"cuda:0"` as
+the device of `x.to(...)` or as any `device=` argument, and `torch.device("cuda")`/`torch.device("cuda:0")`.
+Other devices (`"cpu"`, `"cuda:1"`, variables) are the author's choice and are left alone.
+"""
+import libcst as cst
+import libcst.matchers as m
+
+from nbddp.export.rewrites.base import Rewrite
+from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, literal_value
+
+CUDA = ("cuda", "cuda:0")
+TORCH_DEVICE = m.Attribute(value=m.Name("torch"), attr=m.Name("device"))
+
+
+def _ddp_device() -> cst.Attribute:
+    return cst.Attribute(value=cst.Name("ddp"), attr=cst.Name("device"))
+
+
+def _is_cuda(node: cst.BaseExpression) -> bool:
+    value = literal_value(node)
+    return isinstance(value, str) and value in CUDA
+
+
+def _is_first_gpu(node: cst.BaseExpression) -> bool:
+    value = literal_value(node)
+    return (type(value) is int and value == 0) or _is_cuda(node)
+
+
+class ReplaceCudaDevice(Rewrite):
+    NAME = "replace-cuda-device"
+    DESCRIPTION = 'Use ddp.device (this rank\'s GPU, or the CPU) instead of .cuda(), "cuda" and "cuda:0".'
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
+        if m.matches(original_node.func, TORCH_DEVICE):
+            return self._replace_torch_device(original_node, updated_node)
+        if isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "cuda":
+            return self._replace_cuda_method(original_node, updated_node)
+        if isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "to":
+            updated_node = self._replace_first_arg(original_node, updated_node)
+        return self._replace_device_keyword(original_node, updated_node)
+
+    def _replace_torch_device(self, original_node, updated_node):
+        args = original_node.args
+        if args and _is_cuda(args[0].value) and all(_is_first_gpu(arg.value) for arg in args[1:]):
+            self.record(original_node, f"replaced {code_of(original_node)} with ddp.device")
+            return _ddp_device()
+        return updated_node
+
+    def _replace_cuda_method(self, original_node, updated_node):
+        """`x.cuda()`, `x.cuda(0)`, `x.cuda(device=0, non_blocking=True)` -> `x.to(ddp.device, ...)`."""
+        args = list(updated_node.args)
+        device = keyword(updated_node, "device") or (args[0] if args and args[0].keyword is None else None)
+        if device is not None and not _is_first_gpu(device.value):
+            return updated_node
+        others = [arg for arg in args if arg is not device]
+        if others:  # the last argument keeps the call's closing layout
+            others[-1] = others[-1].with_changes(comma=args[-1].comma)
+        comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if others else cst.MaybeSentinel.DEFAULT
+        to_device = cst.Arg(_ddp_device(), comma=comma)
+        self.record(original_node, "replaced .cuda() with .to(ddp.device)")
+        return updated_node.with_changes(
+            func=updated_node.func.with_changes(attr=cst.Name("to")), args=[to_device, *others]
+        )
+
+    def _replace_first_arg(self, original_node, updated_node):
+        """`x.to("cuda")`, `x.to("cuda:0", dtype)` -> `x.to(ddp.device, ...)`."""
+        if not original_node.args or original_node.args[0].keyword or not _is_cuda(original_node.args[0].value):
+            return updated_node
+        self.record(original_node, f"replaced .to({code_of(original_node.args[0].value)}) with .to(ddp.device)")
+        first, *others = updated_node.args
+        return updated_node.with_changes(args=[first.with_changes(value=_ddp_device()), *others])
+
+    def _replace_device_keyword(self, original_node, updated_node):
+        """`device="cuda"` in any call (`x.to(device="cuda")`, `torch.zeros(3, device="cuda:0")`)."""
+        given = keyword(original_node, "device")
+        if given is None or not _is_cuda(given.value):
+            return updated_node
+        self.record(given, f"replaced device={code_of(given.value)} with device=ddp.device")
+        return updated_node.with_changes(
+            args=[
+                arg.with_changes(value=_ddp_device()) if arg.keyword and arg.keyword.value == "device" else arg
+                for arg in updated_node.args
+            ]
+        )

@@ -1,0 +1,79 @@
+import pytest
+from rewrite_case import assert_rewrites, assert_unchanged
+
+from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
+
+
+def test_inference_inputs_follow_the_rank_device():
+    changes = assert_rewrites(
+        ReplaceCudaDevice,
+        """\
+        inputs = tokenizer(
+            [alpaca_prompt.format("Continue the sequence", "1, 1, 2, 3", "")],
+            return_tensors = "pt",
+        ).to("cuda")  # move to GPU
+        """,
+        """\
+        inputs = tokenizer(
+            [alpaca_prompt.format("Continue the sequence", "1, 1, 2, 3", "")],
+            return_tensors = "pt",
+        ).to(ddp.device)  # move to GPU
+        """,
+    )
+    assert changes == [(1, 'replaced .to("cuda") with .to(ddp.device)')]
+
+
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        ("x.cuda()", "x.to(ddp.device)"),
+        ("x.cuda(0)", "x.to(ddp.device)"),
+        ("x.cuda(non_blocking=True)", "x.to(ddp.device, non_blocking=True)"),
+        ("x.cuda(device=0, non_blocking=True)", "x.to(ddp.device, non_blocking=True)"),
+        ("x.to('cuda:0')", "x.to(ddp.device)"),
+        ('x.to("cuda", torch.float16)', "x.to(ddp.device, torch.float16)"),
+        ('x.to(device="cuda")', "x.to(device=ddp.device)"),
+        ('torch.zeros(3, device = "cuda:0")', "torch.zeros(3, device = ddp.device)"),
+        ('torch.device("cuda")', "ddp.device"),
+        ('torch.device("cuda", 0)', "ddp.device"),
+    ],
+)
+def test_cuda_devices_become_the_rank_device(before, after):
+    assert_rewrites(ReplaceCudaDevice, f"y = {before}\n", f"y = {after}\n")
+
+
+def test_nested_uses_are_replaced_and_recorded_at_their_lines():
+    changes = assert_rewrites(
+        ReplaceCudaDevice,
+        """\
+        for batch in loader:
+            if batch:
+                batch = {k: v.cuda() for k, v in batch.items()}
+        device = torch.device("cuda:0")
+        """,
+        """\
+        for batch in loader:
+            if batch:
+                batch = {k: v.to(ddp.device) for k, v in batch.items()}
+        device = ddp.device
+        """,
+    )
+    assert changes == [
+        (3, "replaced .cuda() with .to(ddp.device)"),
+        (4, 'replaced torch.device("cuda:0") with ddp.device'),
+    ]
+
+
+def test_other_devices_are_the_authors_choice():
+    assert_unchanged(
+        ReplaceCudaDevice,
+        """\
+        x = x.to("cpu")
+        y = y.cuda(1)
+        z = z.to(device)
+        w = torch.device("cuda:1")
+        v = torch.zeros(3, device="cpu")
+        u = model.to(torch.bfloat16)
+        ok = torch.cuda.is_available()
+        """,
+    )
