@@ -13,11 +13,13 @@ from nbddp.export.rewrites.convert_magics import convert_cell
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
+from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 
 REWRITES: list[type[Rewrite]] = [
     HoistUnslothImport,
     InjectDeviceMap,
     ReplaceCudaDevice,
+    SetDdpTrainingArgs,
 ]
 
 
