@@ -1,0 +1,38 @@
+"""The runtime that generated scripts import. The generated setup cell is:
+
+    from nbddp import runtime
+    runtime.apply_flags(globals(), defined_in={"rows": "01_data_prep.ipynb", "backend": "nbddp"})
+    ddp = runtime.setup(backend=backend, script=globals().get("__file__"))
+
+`apply_flags` turns the parameters into command-line flags; `setup` joins torchrun's process group, picks
+the backend and returns `ddp` (a `context.DistributedContext`). torch is imported only by `setup`, so
+`train.py --help` answers at once; transformers, trl and peft only after Unsloth (see `backends`).
+"""
+import sys
+
+from nbddp.errors import NbddpError
+from nbddp.runtime.flags import apply_flags, running_in_kernel
+
+__all__ = ["apply_flags", "setup"]
+
+
+def setup(backend: str, script: str | None):
+    """Prepare this process for the notebooks' code and return its `DistributedContext`."""
+    from nbddp.runtime import backends, tracebacks
+    from nbddp.runtime.context import init_distributed
+
+    script_mode = not running_in_kernel()
+    if script_mode and script is not None:
+        tracebacks.install(script)
+    try:
+        chosen, reason = backends.choose(backend)
+        ddp = init_distributed()
+    except NbddpError as error:
+        if not script_mode:
+            raise
+        print(f"nbddp: error: {error}", file=sys.stderr)
+        sys.exit(error.exit_status)
+    backends.activate(chosen)
+    if ddp.is_main_process:
+        print(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}", flush=True)
+    return ddp

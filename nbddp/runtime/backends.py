@@ -1,0 +1,55 @@
+"""Which `unsloth` the notebooks' `from unsloth import FastLanguageModel` gets: the real one, or the
+Transformers+PEFT fallback (`hf_backend`) installed under that name.
+
+Unsloth needs a CUDA GPU; the fallback runs anywhere, so the same script trains on a laptop CPU.
+"""
+import importlib
+import importlib.util
+import sys
+
+import torch
+
+from nbddp.errors import UsageError
+from nbddp.runtime import hf_backend
+
+
+def choose(requested: str) -> tuple[str, str]:
+    """("unsloth" | "hf", why) for the `--backend` value `requested` (auto | unsloth | hf)."""
+    has_cuda = torch.cuda.is_available()
+    has_unsloth = _unsloth_installed()
+    if requested == "hf":
+        return "hf", "Transformers+PEFT fallback: requested"
+    if requested == "unsloth":
+        if not has_cuda or not has_unsloth:
+            missing = "a CUDA GPU" if not has_cuda else "the unsloth package"
+            raise UsageError(f"--backend unsloth needs {missing}; use --backend hf (or auto) on this machine")
+        return "unsloth", "Unsloth: requested"
+    if requested == "auto":
+        if has_cuda and has_unsloth:
+            return "unsloth", "Unsloth: CUDA and unsloth found"
+        return "hf", f"Transformers+PEFT fallback: {'no CUDA' if not has_cuda else 'unsloth not installed'}"
+    raise UsageError(f"--backend must be one of auto, unsloth, hf, not {requested!r}")
+
+
+def activate(backend: str) -> None:
+    """Import the real Unsloth, or install the fallback as the module `unsloth`."""
+    if backend == "hf":
+        sys.modules["unsloth"] = hf_backend
+        return
+    # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank
+    # imports it: once the process group exists, Unsloth's compiler lets global rank 0 write
+    # unsloth_compiled_cache/ and broadcasts to the others, a collective all ranks must join
+    # (unsloth_zoo.utils.distributed_function). Importing it on one rank while the others wait would hang.
+    importlib.import_module("unsloth")
+    from transformers import Trainer
+
+    from nbddp.runtime.trainer_patches import patch_compute_loss
+
+    patch_compute_loss(Trainer)
+
+
+def _unsloth_installed() -> bool:
+    module = sys.modules.get("unsloth")
+    if module is not None:  # already imported: the real one, unless it is our own fallback
+        return module is not hf_backend
+    return importlib.util.find_spec("unsloth") is not None

@@ -1,0 +1,65 @@
+"""Weights for a model that ships only its config and tokenizer (a tiny test model kept in the repo).
+
+`ensure_weights("models/tiny-llama")` builds the weights once, deterministically, into a cache keyed by the
+directory's content and returns that path; any other name (a hub id, a directory with weights) comes back
+unchanged. So the example notebooks train a real, if tiny, model on machines that cannot reach a hub.
+"""
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+
+
+def ensure_weights(model_name: str) -> str:
+    source = Path(model_name)
+    if not (source / "config.json").is_file() or any(next(source.glob(p), None) for p in WEIGHT_PATTERNS):
+        return model_name
+    target = _cache_root() / _content_hash(source)
+    if not target.is_dir():
+        _build(source, target)
+    return str(target)
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("NBDDP_CACHE") or Path.home() / ".cache" / "nbddp" / "models")
+
+
+def _content_hash(directory: Path) -> str:
+    digest = hashlib.sha256()
+    for path in _files(directory):
+        digest.update(path.name.encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _files(directory: Path) -> list[Path]:
+    return sorted(path for path in directory.iterdir() if path.is_file())
+
+
+def _build(source: Path, target: Path) -> None:
+    """Write the model into a temporary directory beside `target`, then rename it into place.
+
+    Ranks that race here each build the same weights; the first rename wins and the others discard theirs.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's random state
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.float32)
+        model.save_pretrained(staging)
+        for path in _files(source):  # config and tokenizer files, byte for byte
+            shutil.copy2(path, staging / path.name)
+        try:
+            os.rename(staging, target)
+        except OSError:
+            if not target.is_dir():  # not another rank's identical build that got there first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)

@@ -1,0 +1,41 @@
+"""The one Trainer patch the unsloth backend needs under DDP.
+
+Unsloth issue #3452 (https://github.com/unslothai/unsloth/issues/3452): Unsloth's fused cross-entropy returns
+the loss as a view created inside a custom autograd Function. With more than one process, transformers'
+`Trainer.compute_loss` then rescales it in place (`loss *= num_processes`, when `num_items_in_batch` is
+known and `average_tokens_across_devices` is on, the default), which autograd forbids:
+
+    RuntimeError: Output 0 of UnslothFusedLossBackward is a view and is being modified inplace.
+
+Unsloth's own fix rewrites the source text of `Trainer.compute_loss` (`loss *=` -> `loss = loss *`) when a
+model is patched; ours depends on no source text: while `compute_loss` runs, a forward hook hands it a clone
+of the model's loss, an ordinary tensor that it may scale in place. Trainers that subclass `Trainer` (TRL's
+`SFTTrainer`, Unsloth's generated `UnslothSFTTrainer`) reach it through `super().compute_loss`.
+"""
+from collections.abc import Mapping
+
+
+def clone_model_loss(module, args, output):
+    """Forward hook: replace `output["loss"]` by a clone, which is not a view of a custom Function's output."""
+    if isinstance(output, Mapping) and output.get("loss") is not None:
+        output["loss"] = output["loss"].clone()
+    return output
+
+
+def patch_compute_loss(trainer_class) -> None:
+    """Make `trainer_class.compute_loss` see a cloned model loss; patching twice changes nothing."""
+    original = trainer_class.compute_loss
+    if getattr(original, "nbddp_clones_model_loss", False):
+        return
+
+    # No functools.wraps: Unsloth reads `inspect.getsource(Trainer.compute_loss)`, which would follow
+    # `__wrapped__` to the original, rewrite that and drop this wrapper.
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        hook = model.register_forward_hook(clone_model_loss)
+        try:
+            return original(self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
+        finally:
+            hook.remove()
+
+    compute_loss.nbddp_clones_model_loss = True
+    trainer_class.compute_loss = compute_loss

@@ -1,0 +1,129 @@
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from nbddp.runtime import context
+from nbddp.runtime.context import DistributedContext, init_distributed
+
+TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def single_process(monkeypatch):
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    return init_distributed()
+
+
+def test_single_process_defines_the_same_names(single_process):
+    ddp = single_process
+    assert (ddp.rank, ddp.local_rank, ddp.world_size) == (0, 0, 1)
+    assert ddp.device == torch.device("cpu") and not ddp.on_gpu
+    assert ddp.is_main_process
+    assert ddp.device_map() is None
+    assert not torch.distributed.is_initialized()
+
+
+def test_single_process_barriers_and_shutdown_are_harmless(single_process):
+    ran = []
+    with single_process.main_process_first():
+        ran.append("block")
+    single_process.barrier()
+    single_process.shutdown()
+    single_process.shutdown()
+    assert ran == ["block"]
+
+
+def test_gpu_rank_places_the_model_on_its_own_device():
+    ddp = DistributedContext(rank=3, local_rank=1, world_size=4, local_world_size=2, device=torch.device("cuda", 1))
+    assert ddp.on_gpu and not ddp.is_main_process
+    assert ddp.device_map() == {"": 1}
+    assert ddp.gpu_only(True) is True and ddp.gpu_only("bf16") == "bf16"
+
+
+def test_gpu_only_is_false_on_cpu(single_process):
+    assert single_process.gpu_only(True) is False
+
+
+@pytest.mark.parametrize("n, cpus, ranks, expected", [(8, 16, 2, 8), (8, 16, 4, 4), (8, 2, 4, 1), (0, 8, 1, 1), (None, 8, 1, None)])
+def test_cap_num_proc(monkeypatch, n, cpus, ranks, expected):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cpus)))
+    ddp = DistributedContext(local_world_size=ranks, world_size=ranks)
+    assert ddp.cap_num_proc(n) == expected
+
+
+def test_bitsandbytes_optimizer_falls_back_on_cpu_with_one_warning(single_process, capsys):
+    assert single_process.optimizer("paged_adamw_8bit") == "adamw_torch"
+    assert single_process.optimizer("paged_adamw_8bit") == "adamw_torch"
+    assert capsys.readouterr().err.count("optim='paged_adamw_8bit' needs bitsandbytes and CUDA") == 1
+
+
+def test_other_optimizers_pass_through(single_process, capsys):
+    assert single_process.optimizer("adamw_torch_fused") == "adamw_torch_fused"
+    assert capsys.readouterr().err == ""
+
+
+def test_only_rank_zero_warns(capsys):
+    ddp = DistributedContext(rank=1, world_size=2)
+    assert ddp.optimizer("adamw_8bit") == "adamw_torch"
+    assert capsys.readouterr().err == ""
+
+
+def test_bitsandbytes_optimizer_kept_on_gpu_with_bitsandbytes(monkeypatch):
+    monkeypatch.setattr(context.importlib.util, "find_spec", lambda name: object() if name == "bitsandbytes" else None)
+    ddp = DistributedContext(device=torch.device("cuda", 0))
+    assert ddp.optimizer("adamw_8bit") == "adamw_8bit"
+
+
+def test_too_few_gpus_for_the_local_rank_is_a_usage_error(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(context.UsageError, match="--nproc_per_node 2 or fewer"):
+        init_distributed()
+
+
+WORKER = textwrap.dedent(
+    """\
+    import sys, time
+    from nbddp.runtime.context import init_distributed
+
+    ddp = init_distributed()
+
+    def note(event):
+        with open(sys.argv[1], "a") as log:
+            log.write(f"{ddp.rank} {event}\\n")
+
+    with ddp.main_process_first():
+        note("enter")
+        if ddp.local_rank == 0:
+            time.sleep(1.0)  # rank 1 would enter now if it did not wait
+        note("leave")
+    ddp.barrier()
+    note(f"after-barrier world_size={ddp.world_size} local_world_size={ddp.local_world_size} device={ddp.device}")
+    ddp.shutdown()
+    ddp.shutdown()
+    """
+)
+
+
+def test_two_gloo_processes_take_turns(tmp_path):
+    worker, log = tmp_path / "worker.py", tmp_path / "events.log"
+    worker.write_text(WORKER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), str(log)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    events = log.read_text().splitlines()
+    assert events[:4] == ["0 enter", "0 leave", "1 enter", "1 leave"]
+    assert sorted(events[4:]) == [
+        "0 after-barrier world_size=2 local_world_size=2 device=cpu",
+        "1 after-barrier world_size=2 local_world_size=2 device=cpu",
+    ]

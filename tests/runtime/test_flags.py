@@ -1,0 +1,151 @@
+import sys
+
+import pytest
+
+from nbddp.runtime import flags
+from nbddp.runtime.flags import apply_flags
+
+
+def parameters():
+    namespace = {
+        "rows": 2000,
+        "learning_rate": 2e-4,
+        "model_name": "models/tiny",
+        "packing": False,
+        "max_samples": None,
+        "target_modules": ["q_proj", "v_proj"],
+        "chat_template": {"user": "U"},
+        "backend": "auto",
+        "unrelated": object(),
+    }
+    defined_in = {name: "01_data_prep.ipynb" for name in namespace if name not in ("backend", "unrelated")}
+    defined_in["backend"] = "nbddp"
+    return namespace, defined_in
+
+
+def run(monkeypatch, *argv):
+    monkeypatch.setattr(sys, "argv", ["generated/train.py", *argv])
+    namespace, defined_in = parameters()
+    apply_flags(namespace, defined_in)
+    return namespace
+
+
+def test_no_flags_keeps_every_default(monkeypatch):
+    namespace = run(monkeypatch)
+    defaults, _ = parameters()
+    for name in ("rows", "learning_rate", "model_name", "packing", "max_samples", "target_modules", "backend"):
+        assert namespace[name] == defaults[name]
+
+
+def test_values_take_the_type_of_their_default(monkeypatch):
+    namespace = run(
+        monkeypatch,
+        "--rows", "50",
+        "--learning_rate", "1e-3",
+        "--model_name", "models/other",
+        "--target_modules", "['q_proj']",
+        "--chat_template={'user': 'X', 'bot': 'Y'}",
+    )
+    assert namespace["rows"] == 50 and type(namespace["rows"]) is int
+    assert namespace["learning_rate"] == 1e-3
+    assert namespace["model_name"] == "models/other"
+    assert namespace["target_modules"] == ["q_proj"]
+    assert namespace["chat_template"] == {"user": "X", "bot": "Y"}
+
+
+def test_float_accepts_an_integer(monkeypatch):
+    assert run(monkeypatch, "--learning_rate", "1")["learning_rate"] == 1.0
+
+
+@pytest.mark.parametrize("text, value", [("true", True), ("Yes", True), ("1", True), ("false", False), ("NO", False), ("0", False)])
+def test_bool_words(monkeypatch, text, value):
+    assert run(monkeypatch, "--packing", text)["packing"] is value
+
+
+@pytest.mark.parametrize("text, value", [("100", 100), ("None", None), ("[1, 2]", [1, 2]), ("outputs/ckpt-5", "outputs/ckpt-5")])
+def test_none_default_takes_a_literal_or_else_text(monkeypatch, text, value):
+    assert run(monkeypatch, "--max_samples", text)["max_samples"] == value
+
+
+def test_literal_is_never_evaluated(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, "--target_modules", "__import__('os').getcwd()")
+    assert exit_info.value.code == 2
+    assert "--target_modules" in capsys.readouterr().err
+
+
+def test_backend_choices(monkeypatch, capsys):
+    assert run(monkeypatch, "--backend", "hf")["backend"] == "hf"
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, "--backend", "vllm")
+    assert exit_info.value.code == 2
+    assert "--backend" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["--rows", "many"], "--rows"),
+        (["--rows", "1.5"], "--rows"),
+        (["--packing", "maybe"], "--packing"),
+        (["--target_modules", "{'a': 1}"], "--target_modules"),
+        (["--chat_template", "[1"], "--chat_template"),
+    ],
+)
+def test_bad_value_exits_2_naming_the_flag(monkeypatch, capsys, argv, flag):
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, *argv)
+    assert exit_info.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--epochs", "3"], ["--row", "5"], ["positional"]])
+def test_unknown_or_abbreviated_flag_exits_2(monkeypatch, capsys, argv):
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, *argv)
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: " + " ".join(argv) in capsys.readouterr().err
+
+
+def test_help_shows_how_to_run_and_each_flag(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, "--help")
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "torchrun --nproc_per_node N generated/train.py [--name VALUE ...]" in text
+    assert "--rows INT default: 2000 (from 01_data_prep.ipynb)" in text
+    assert "--packing {true,false} default: False (from 01_data_prep.ipynb)" in text
+    assert "--backend {auto,unsloth,hf} default: 'auto' (from nbddp)" in text
+    assert "--unrelated" not in text
+
+
+def test_help_survives_a_percent_sign(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["train.py", "--help"])
+    with pytest.raises(SystemExit):
+        apply_flags({"split": "train[:10%]"}, {"split": "01_data_prep.ipynb"})
+    assert "train[:10%]" in capsys.readouterr().out
+
+
+class FakeKernelApp:
+    @staticmethod
+    def initialized():
+        return True
+
+
+def test_kernel_mode_leaves_argv_alone(monkeypatch):
+    # papermill's kernel runs with the kernel's own argv, e.g. `-f /tmp/kernel.json`
+    monkeypatch.setitem(sys.modules, "ipykernel.kernelapp", type(sys)("ipykernel.kernelapp"))
+    monkeypatch.setattr(sys.modules["ipykernel.kernelapp"], "IPKernelApp", FakeKernelApp, raising=False)
+    namespace = run(monkeypatch, "-f", "/tmp/kernel-1.json")
+    assert namespace["rows"] == 2000
+
+
+def test_running_in_kernel_follows_the_real_kernel_singleton():
+    from ipykernel.kernelapp import IPKernelApp
+
+    assert not flags.running_in_kernel()  # imported, but no kernel runs in this process
+    IPKernelApp.instance()
+    try:
+        assert flags.running_in_kernel()
+    finally:
+        IPKernelApp.clear_instance()

@@ -1,0 +1,80 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+from nbddp.runtime import tracebacks
+
+# A generated-looking script: nbddp's setup cell, then a notebook cell whose second line raises.
+SCRIPT = textwrap.dedent(
+    """\
+    # %% nbddp setup
+    from nbddp import runtime
+    backend = "hf"
+    ddp = runtime.setup(backend=backend, script=globals().get("__file__"))
+
+    # %% 03_train.ipynb cell 4
+    rows = [1, 2, 3]
+    print(rows[10])
+    """
+)
+SOURCEMAP = {
+    "script": "train.py",
+    "cells": [
+        {"title": "nbddp setup", "first_line": 2, "origin": [None, None, None]},
+        {"title": "03_train.ipynb cell 4", "first_line": 7, "origin": [["notebooks/03_train.ipynb", 4, 1], ["notebooks/03_train.ipynb", 4, 2]]},
+    ],
+}
+
+
+def run_script(directory, with_sourcemap=True):
+    script = directory / "train.py"
+    script.write_text(SCRIPT)
+    if with_sourcemap:
+        (directory / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=directory, timeout=120)
+
+
+def test_uncaught_error_names_the_notebook_cell(tmp_path):
+    result = run_script(tmp_path)
+    assert result.returncode == 1
+    assert "IndexError: list index out of range" in result.stderr
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "nbddp: train.py line 8 comes from notebooks/03_train.ipynb, cell 4, line 2" in result.stderr
+    assert result.stderr.count("Traceback") == 1  # printed once
+    assert "[rank" not in result.stderr
+
+
+def test_without_a_sourcemap_only_the_traceback(tmp_path):
+    result = run_script(tmp_path, with_sourcemap=False)
+    assert "IndexError: list index out of range" in result.stderr
+    assert "comes from" not in result.stderr
+
+
+def raise_in(script, line):
+    """Raise from code compiled as if it were `line` of `script`, like a frame of the generated script."""
+    code = compile("\n" * (line - 1) + "raise ValueError('bad value')", str(script), "exec")
+    try:
+        exec(code, {})
+    except ValueError as error:
+        return error
+
+
+def test_lines_nbddp_wrote_are_named_as_such(tmp_path):
+    script = tmp_path / "train.py"
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    error = raise_in(script, 3)
+    report = tracebacks.format_report(type(error), error, error.__traceback__, str(script))
+    assert "line 3 was written by nbddp (cell 'nbddp setup')" in report
+
+
+def test_every_line_carries_the_rank_when_torchrun_runs_several(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    script = tmp_path / "train.py"
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    error = raise_in(script, 7)
+    report = tracebacks.format_report(type(error), error, error.__traceback__, str(script))
+    lines = report.splitlines()
+    assert all(line.startswith("[rank 1] ") for line in lines)
+    assert lines[-1].endswith("comes from notebooks/03_train.ipynb, cell 4, line 1")
