@@ -12,6 +12,7 @@ from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewr
 from nbddp.export.rewrites.convert_magics import convert_cell
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
+from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 
@@ -20,6 +21,7 @@ REWRITES: list[type[Rewrite]] = [
     InjectDeviceMap,
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
+    RenameTrainerTokenizer,
 ]
 
 
