@@ -1,0 +1,30 @@
+"""Result files are written whole or not at all: to a temp file beside the target, then os.replace."""
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def replacing(path):
+    """Yield a temp path to write; on success it replaces `path`, on error it is removed."""
+    path = Path(path)
+    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(descriptor)
+    try:
+        yield Path(temp)
+        os.replace(temp, path)
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+
+
+def write_text(path, text):
+    with replacing(path) as temp:
+        temp.write_text(text, encoding="utf-8")
+
+
+def write_json(path, data):
+    write_text(path, json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,124 @@
+"""`pipeline.py launch`: run the generated script under torchrun, on one node or several.
+
+The command is `sys.executable -m torch.distributed.run ...` (torchrun of this interpreter) built as
+a list and run without a shell. `--nproc-per-node auto` means one process per visible GPU or,
+without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too.
+"""
+
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nbddp.errors import UsageError
+from nbddp.orchestration import devices, kernel
+
+CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
+DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
+DEFAULT_RDZV_ID = "nbddp"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """How many processes on how many nodes; checked when made, before anything runs."""
+
+    nproc: str = "auto"  # "auto" or a number, as typed after --nproc-per-node
+    nnodes: int = 1
+    node_rank: int = 0
+    rdzv_endpoint: str | None = None
+    rdzv_id: str = DEFAULT_RDZV_ID
+
+    def __post_init__(self):
+        if self.nproc != "auto" and (not str(self.nproc).isdigit() or int(self.nproc) < 1):
+            raise UsageError(f"--nproc-per-node {self.nproc}: expected a positive number of processes or 'auto'")
+        if self.nnodes < 1:
+            raise UsageError(f"--nnodes {self.nnodes}: expected at least 1")
+        if self.nnodes == 1:
+            return
+        if not self.rdzv_endpoint:
+            raise UsageError(f"--nnodes {self.nnodes}: several nodes need --rdzv-endpoint HOST:PORT "
+                             "(an address every node reaches)")
+        host, _, port = self.rdzv_endpoint.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--rdzv-endpoint {self.rdzv_endpoint}: expected HOST:PORT")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UsageError(f"--node-rank {self.node_rank}: expected 0..{self.nnodes - 1} for --nnodes {self.nnodes}")
+
+    def processes(self, environ):
+        """Processes on this node: `auto` is one per visible GPU, or CPU_PROCESSES without GPUs."""
+        if self.nproc == "auto":
+            return len(devices.visible_gpus(environ)) or CPU_PROCESSES
+        return int(self.nproc)
+
+    def rendezvous_flags(self):
+        if self.nnodes == 1:
+            # One node: torchrun starts its own store on a free port, so two runs never collide.
+            return ["--standalone", "--nnodes", "1"]
+        # c10d assigns node ranks itself; --node-rank is passed for the log lines and static setups.
+        return ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", self.rdzv_endpoint, "--rdzv-id", self.rdzv_id]
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What `launch` runs: the command, and the variables it adds to the environment."""
+
+    command: list
+    env_additions: dict
+
+    def describe(self):
+        """One shell line a user can paste to run the same thing."""
+        assignments = [f"{name}={value}" for name, value in self.env_additions.items()]
+        return shlex.join(assignments + self.command)
+
+
+def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, environ=None):
+    """The torchrun command and environment additions for `script` with `script_args`."""
+    environ = os.environ if environ is None else environ
+    processes = options.processes(environ)
+    command = [sys.executable, "-m", "torch.distributed.run", *options.rendezvous_flags()]
+    command += ["--nproc-per-node", str(processes)]
+    if log_dir is not None:
+        # Every rank's stdout and stderr into files under log_dir, and still on the console.
+        command += ["--log-dir", str(log_dir), "--tee", "3"]
+    command += [str(script), *script_args]
+    return LaunchPlan(command, env_additions(processes, environ))
+
+
+def env_additions(processes, environ):
+    """Defaults for variables the user has not set; their own values always win."""
+    defaults = {
+        # torchrun would pin every worker to 1 thread; share the cores between the workers instead.
+        "OMP_NUM_THREADS": str(max(1, _cpu_count() // processes)),
+        # A rank that dies makes the others fail fast instead of hanging in a collective.
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        # The runtime's process-group timeout (NCCL and gloo), in seconds.
+        "NBDDP_TIMEOUT_S": str(DEFAULT_TIMEOUT_S),
+    }
+    return {name: value for name, value in defaults.items() if name not in environ}
+
+
+def _cpu_count():
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def execute(plan, environ=None):
+    """Run the plan; returns torchrun's exit status."""
+    env = kernel.child_environment(environ=environ) | plan.env_additions
+    with subprocess.Popen(plan.command, env=env) as torchrun:
+        try:
+            return torchrun.wait()
+        except KeyboardInterrupt:
+            # The terminal sent SIGINT to torchrun too; let it stop its workers before we exit.
+            return torchrun.wait()
+
+
+def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False):
+    """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status."""
+    if not Path(script).is_file():
+        raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
+    plan = plan_launch(script, script_args, options, log_dir)
+    print(("would run: " if dry_run else "launch: ") + plan.describe(), flush=True)
+    return 0 if dry_run else execute(plan)

@@ -1,0 +1,109 @@
+"""Run the generated script once as a notebook: jupytext converts it, papermill executes it in a child.
+
+Papermill runs as `python -m papermill` so that CUDA_VISIBLE_DEVICES and the kernelspec search
+path change for the child only. Its executed notebook is the record: a failure is read back from
+it (cell_failure) and reported at the source notebook cell and line (sourcemap).
+"""
+
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jupytext
+import nbformat
+import yaml
+
+from nbddp.errors import NotebookError
+from nbddp.orchestration import cell_failure, files, kernel
+from nbddp.orchestration.sourcemap import SourceMap
+
+# The kernelspec the generated script declares (docs/design.md); a script without one gets it.
+PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}
+DEAD_KERNEL_STATUS = 138  # papermill's exit status when the kernel died
+
+
+class NotebookRunFailed(NotebookError):
+    """A cell raised (or the kernel died); located in the source notebook. Not bad input: exit 1."""
+
+    exit_status = 1
+
+
+@dataclass(frozen=True)
+class NotebookRun:
+    executed: Path
+    html: Path
+    wall_time_s: float
+
+
+def to_notebook(script):
+    """The generated percent script as a notebook, kernelspec kept."""
+    notebook = jupytext.read(script)
+    notebook.metadata.setdefault("kernelspec", PYTHON3_KERNELSPEC)
+    return notebook
+
+
+def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, timeout=None, progress=True):
+    """Execute `notebook` (converted from `script`) with `parameters` injected; results in `out_dir`.
+
+    Writes `<stem>.ipynb` (executed), `<stem>.html`, and the cells' stdout/stderr logs. Raises
+    NotebookRunFailed naming the source notebook, cell and line when a cell fails.
+    """
+    out_dir = Path(out_dir)
+    stem = Path(script).stem
+    executed, html = out_dir / f"{stem}.ipynb", out_dir / f"{stem}.html"
+    with tempfile.TemporaryDirectory(prefix="nbddp-kernel-") as scratch:
+        given = Path(scratch) / f"{stem}.ipynb"
+        nbformat.write(notebook, given)
+        env = kernel.child_environment(cuda_visible_devices, kernel.write_kernelspec(Path(scratch) / "jupyter"))
+        command = papermill_command(given, executed, parameters, out_dir, timeout, progress)
+        started = time.monotonic()
+        status = subprocess.run(command, env=env, check=False).returncode
+        wall_time_s = time.monotonic() - started
+    if not executed.exists():
+        raise NotebookRunFailed(script, f"papermill exited with status {status} before running any cell")
+    render_html(executed, html)
+    if status != 0:
+        raise _located_failure(script, executed, status, timeout)
+    return NotebookRun(executed, html, wall_time_s)
+
+
+def papermill_command(given, executed, parameters, out_dir, timeout, progress):
+    """The papermill command line; the kernel's working directory is ours, like torchrun's."""
+    command = [sys.executable, "-m", "papermill", str(given), str(executed), "--cwd", str(Path.cwd())]
+    # YAML, not JSON: PyYAML reads JSON's `1e-05` as a string, and papermill reads -y with PyYAML.
+    command += ["-y", yaml.safe_dump(parameters, default_flow_style=True), "--log-level", "WARNING"]
+    command += ["--stdout-file", str(out_dir / "cells.stdout.log"), "--stderr-file", str(out_dir / "cells.stderr.log")]
+    command += ["--progress-bar" if progress else "--no-progress-bar"]
+    if timeout:
+        command += ["--execution-timeout", str(int(timeout))]
+    return command
+
+
+def render_html(executed, html):
+    """An HTML rendering of the executed notebook, for reading the run in a browser."""
+    from nbconvert import HTMLExporter  # slow to import; only needed once a notebook ran
+
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    files.write_text(html, body)
+
+
+def _located_failure(script, executed, status, timeout):
+    notebook = nbformat.read(executed, as_version=4)
+    failure = cell_failure.find_failure(notebook) or cell_failure.last_started_cell(notebook)
+    hint = f"executed notebook: {executed}"
+    if failure is None:
+        return NotebookRunFailed(script, f"papermill exited with status {status}", hint=hint)
+    where = SourceMap.for_script(script).locate(failure.cell_index, failure.line)
+    return NotebookRunFailed(where.notebook, _describe(failure, status, timeout), where.cell, where.line, hint)
+
+
+def _describe(failure, status, timeout):
+    timed_out = timeout and failure.duration_s is not None and failure.duration_s >= timeout
+    if failure.ename == "KeyboardInterrupt" and timed_out:
+        return f"the cell ran past the per-cell timeout of {timeout} s (--timeout) and was interrupted"
+    if status == DEAD_KERNEL_STATUS and failure.ename == "DeadKernelError":
+        return "the kernel died while running this cell (out of memory? a crash in native code?)"
+    return f"{failure.ename}: {failure.evalue}" if failure.evalue else failure.ename

@@ -1,0 +1,125 @@
+"""Parameters of a generated script: defaults from its `parameters` cell, typed overrides from -p / -f.
+
+Values are typed the way the script's own `--name VALUE` flags are (docs/design.md, runtime.apply_flags):
+the default's type decides, so `-p max_steps 3` is the int 3 and `-p lr 2e-4` the float 0.0002.
+"""
+
+import ast
+
+import yaml
+
+from nbddp.errors import NotebookError, UsageError
+
+PARAMETERS_TAG = "parameters"
+TRUE_WORDS = {"true", "1", "yes"}
+FALSE_WORDS = {"false", "0", "no"}
+
+
+def read_defaults(notebook, path):
+    """`{name: default}` from the cell tagged `parameters` of `notebook` (read from `path`)."""
+    for index, cell in enumerate(notebook.cells, start=1):
+        if cell.cell_type == "code" and PARAMETERS_TAG in cell.metadata.get("tags", []):
+            return _literal_assignments(cell.source, path, index)
+    raise NotebookError(path, "no cell is tagged `parameters`", hint="re-run `python pipeline.py export`")
+
+
+def _literal_assignments(source, path, cell):
+    defaults = {}
+    for statement in ast.parse(source).body:
+        target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
+        if not isinstance(target, ast.Name) or statement.value is None:
+            raise NotebookError(path, "the parameters cell may hold only `name = literal` lines", cell, statement.lineno)
+        try:
+            defaults[target.id] = ast.literal_eval(statement.value)
+        except ValueError:
+            raise NotebookError(path, f"`{target.id}` is not a literal", cell, statement.lineno) from None
+    return defaults
+
+
+def load_parameter_file(path):
+    """The `{name: value}` mapping in the YAML file given with -f."""
+    try:
+        with open(path, encoding="utf-8") as stream:
+            values = yaml.safe_load(stream)
+    except OSError as error:
+        raise UsageError(f"-f {path}: {error.strerror}") from None
+    except yaml.YAMLError as error:
+        raise UsageError(f"-f {path}: not valid YAML ({error})") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise UsageError(f"-f {path}: expected a mapping of parameter names to values")
+    return values
+
+
+def resolve(defaults, file_values=None, flag_values=(), file_label="-f"):
+    """Overrides typed like `defaults`: the -f file's values first, then each `-p NAME VALUE` on top."""
+    overrides = {}
+    for name, value in (file_values or {}).items():
+        _check_known(name, defaults, f"{file_label}: {name}")
+        overrides[name] = check_type(name, value, defaults[name], f"{file_label}: {name}")
+    for name, text in flag_values:
+        _check_known(name, defaults, f"-p {name}")
+        overrides[name] = parse_flag(name, text, defaults[name])
+    return overrides
+
+
+def _check_known(name, defaults, where):
+    if name not in defaults:
+        known = ", ".join(sorted(defaults))
+        raise UsageError(f"{where}: unknown parameter `{name}` (the script's parameters: {known})")
+
+
+def parse_flag(name, text, default):
+    """The value of `-p NAME TEXT`, typed from `default`."""
+    where = f"-p {name} {text!r}"
+    if isinstance(default, bool):
+        word = text.strip().lower()
+        if word not in TRUE_WORDS | FALSE_WORDS:
+            raise UsageError(f"{where}: expected a bool (true/false)")
+        return word in TRUE_WORDS
+    if isinstance(default, (int, float)):
+        kind = type(default)
+        try:
+            return kind(text)
+        except ValueError:
+            raise UsageError(f"{where}: expected {kind.__name__} (default {default!r})") from None
+    if isinstance(default, str):
+        return text
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise UsageError(f"{where}: expected a YAML literal like the default {default!r}") from None
+    return check_type(name, value, default, where)
+
+
+def check_type(name, value, default, where):
+    """`value` (already typed, e.g. by YAML) checked against the default's type; ints widen to float."""
+    if default is None:
+        return value
+    if isinstance(default, bool) or isinstance(value, bool):
+        matches = isinstance(default, bool) and isinstance(value, bool)
+    elif isinstance(default, float) and isinstance(value, int):
+        return float(value)
+    else:
+        matches = isinstance(value, type(default))
+    if not matches:
+        raise UsageError(f"{where}: expected {type(default).__name__} like the default {default!r}, got {value!r}")
+    return value
+
+
+def as_script_flags(overrides):
+    """`--name VALUE` arguments for the generated script; its runtime parses VALUE back by the default's type."""
+    flags = []
+    for name, value in overrides.items():
+        flags += [f"--{name}", _flag_text(value)]
+    return flags
+
+
+def _flag_text(value):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value
+    # None, numbers, lists and dicts as Python literals, which the runtime reads with ast.literal_eval.
+    return repr(value)

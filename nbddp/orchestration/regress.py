@@ -1,0 +1,223 @@
+"""`pipeline.py regress`: run the suite's cases, compare their figures with the baseline, report.
+
+Each case runs into `runs/<UTC timestamp>-regress/<case>/`; the report (report.md: case, metric,
+baseline, now, delta, tolerance, status) and loss_curves.png (baseline vs now per case) sit beside
+them. The baseline (`<suite>_baseline.json`) is only ever written by `--update-baseline` from real runs.
+"""
+
+import json
+import time
+from dataclasses import dataclass
+
+from nbddp.errors import NbddpError, UsageError
+from nbddp.orchestration import compare, devices, files, launch, notebook_run, parameters, plots
+from nbddp.orchestration.metrics import METRICS_FILE, read_metrics
+from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
+from nbddp.orchestration.suite import load_suite
+
+ACCUMULATION = "gradient_accumulation_steps"
+
+
+class RegressionFailed(NbddpError):
+    """A case ran worse than its tolerance, failed to run, or broke parity; the message names them."""
+
+    exit_status = 1
+
+
+class CaseFailed(NbddpError):
+    """A case's run did not finish or left no metrics."""
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    figures: dict | None = None
+    losses: tuple = ()
+    error: str | None = None
+    parity: compare.Parity | None = None
+    parity_curves: dict | None = None  # label -> [(step, loss)], parity cases only
+
+
+def regress(suite_path="regress.yaml", only=None, update_baseline=False, runs_root=RUNS_ROOT):
+    """Run the suite (or only the case `only`); returns the report path; raises RegressionFailed."""
+    suite = load_suite(suite_path)
+    cases = suite.select(only)
+    if not suite.script.is_file():
+        raise UsageError(f"--suite {suite.path}: script {suite.script} does not exist (run `python pipeline.py export`)")
+    notebook = notebook_run.to_notebook(suite.script)
+    defaults = parameters.read_defaults(notebook, suite.script)
+    # Check every case's parameters before the first run, so a typo costs no training time.
+    case_params = {case.name: _case_parameters(suite, case, defaults) for case in cases}
+    baseline = load_baseline(suite.baseline_path)
+    run_dir = new_run_dir("regress", runs_root)
+    results = {}
+    for case in cases:
+        print(f"regress: case {case.name} ({case.mode})", flush=True)
+        results[case.name] = run_case(suite, case, notebook, case_params[case.name], run_dir / case.name)
+    rows = report_rows(cases, results, baseline, update_baseline)
+    report = write_report(run_dir, rows, cases, results, baseline)
+    print(report.read_text(encoding="utf-8"), flush=True)
+    if update_baseline:
+        _update_baseline(suite, cases, results, baseline)
+    failed = [_failure_text(row, results) for row in rows if row.failed]
+    if failed:
+        raise RegressionFailed("regression:\n  " + "\n  ".join(failed) + f"\n  report: {report}")
+    return report
+
+
+def _case_parameters(suite, case, defaults):
+    params = parameters.resolve(defaults, case.params, file_label=f"--suite {suite.path}: case {case.name}")
+    if "output_dir" not in defaults:
+        raise UsageError(f"--suite {suite.path}: {suite.script} has no output_dir parameter, so no metrics to compare")
+    if case.mode == "parity" and ACCUMULATION not in defaults:
+        raise UsageError(f"--suite {suite.path}: case {case.name}: parity needs a `{ACCUMULATION}` parameter")
+    return params
+
+
+def run_case(suite, case, notebook, params, case_dir):
+    """Run one case into `case_dir`; a run that fails becomes a CaseResult with `error`."""
+    case_dir.mkdir(parents=True)
+    try:
+        if case.mode == "parity":
+            return _run_parity(suite, case, params, case_dir)
+        if case.mode == "papermill":
+            metrics, wall_time_s = _run_papermill(suite, notebook, params, case_dir)
+        else:
+            metrics, wall_time_s = _run_torchrun(suite.script, params, case.nproc, case_dir)
+    except (notebook_run.NotebookRunFailed, CaseFailed) as error:
+        return CaseResult(error=str(error))
+    figures = compare.case_figures(metrics, case.loss_at_steps, wall_time_s)
+    return CaseResult(figures, tuple(metrics.losses))
+
+
+def _run_papermill(suite, notebook, params, case_dir):
+    params = params | {"output_dir": str(case_dir)}
+    run = notebook_run.run_notebook(notebook, suite.script, params, case_dir, devices.single_device(), suite.timeout)
+    return _read_case_metrics(case_dir), run.wall_time_s
+
+
+def _run_torchrun(script, params, nproc, case_dir):
+    flags = parameters.as_script_flags(params | {"output_dir": str(case_dir)})
+    plan = launch.plan_launch(script, flags, launch.LaunchOptions(nproc=nproc), log_dir=case_dir / "logs")
+    print(f"regress: {plan.describe()}", flush=True)
+    started = time.monotonic()
+    status = launch.execute(plan)
+    wall_time_s = time.monotonic() - started
+    if status != 0:
+        raise CaseFailed(f"torchrun exited with status {status}; logs in {case_dir / 'logs'}")
+    return _read_case_metrics(case_dir), wall_time_s
+
+
+def _read_case_metrics(case_dir):
+    path = case_dir / METRICS_FILE
+    if not path.exists():
+        raise CaseFailed(f"the run wrote no {path}")
+    return read_metrics(path)
+
+
+def _run_parity(suite, case, params, case_dir):
+    """1 process with N x the accumulation vs N processes: the same global batch every step."""
+    accumulation = params.get(ACCUMULATION, 1)
+    single_label = f"1 process x accumulation {case.nproc * accumulation}"
+    multi_label = f"{case.nproc} processes x accumulation {accumulation}"
+    single, _ = _run_torchrun(suite.script, params | {ACCUMULATION: case.nproc * accumulation}, 1, case_dir / "single")
+    multi, _ = _run_torchrun(suite.script, params, case.nproc, case_dir / "multi")
+    parity = compare.compare_parity(single.losses, multi.losses, case.max_abs_diff)
+    if parity.unmatched_steps or parity.max_abs_diff is None:
+        raise CaseFailed(f"the two runs logged different steps (only in one of them: {list(parity.unmatched_steps)})")
+    return CaseResult(parity=parity, parity_curves={single_label: single.losses, multi_label: multi.losses})
+
+
+def report_rows(cases, results, baseline, update_baseline=False):
+    """The report table. With `update_baseline`, figures are shown but only run and parity failures fail."""
+    rows = []
+    for case in cases:
+        result = results[case.name]
+        if result.error is not None:
+            rows.append(compare.Row(case.name, "run", None, None, "-", "FAILED"))
+        elif result.parity is not None:
+            rows.append(_parity_row(case, result.parity))
+        elif case.name not in baseline["cases"] and not update_baseline:
+            rows.append(compare.Row(case.name, "baseline", None, None, "-", "missing"))
+        else:
+            old = baseline["cases"].get(case.name, {}).get("figures", {})
+            case_rows = compare.compare_figures(case.name, old, result.figures, case.tolerances)
+            rows += [_as_info(row) for row in case_rows] if update_baseline else case_rows
+    return rows
+
+
+def _parity_row(case, parity):
+    status = "ok" if parity.ok else "FAILED"
+    return compare.Row(case.name, "parity max abs loss diff", None, parity.max_abs_diff, f"<= {parity.limit:g}", status)
+
+
+def _as_info(row):
+    return compare.Row(row.case, row.metric, row.baseline, row.now, row.tolerance, "updated" if row.failed else row.status)
+
+
+def _failure_text(row, results):
+    if row.metric == "run":
+        return f"case {row.case}: the run failed: {results[row.case].error}"
+    if row.metric == "baseline":
+        return f"case {row.case}: no baseline (run `python pipeline.py regress --update-baseline`)"
+    if row.metric.startswith("parity"):
+        return f"case {row.case}: parity: losses differ by {_number(row.now)} (limit {row.tolerance})"
+    return f"case {row.case}: {row.metric} {_number(row.baseline)} -> {_number(row.now)} ({row.status}, tolerance {row.tolerance})"
+
+
+def load_baseline(path):
+    if not path.exists():
+        return {"cases": {}}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise NbddpError(f"{path}: not valid JSON ({error.msg}); regenerate it with --update-baseline") from None
+
+
+def write_report(run_dir, rows, cases, results, baseline):
+    """report.md (the table, then each failed run's message) and loss_curves.png in `run_dir`."""
+    lines = ["| case | metric | baseline | now | delta | tolerance | status |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        lines.append(f"| {row.case} | {row.metric} | {_number(row.baseline)} | {_number(row.now)} | {_delta(row)} "
+                     f"| {row.tolerance} | {row.status} |")
+    for case in cases:
+        if results[case.name].error is not None:
+            lines += ["", f"## {case.name}: run failed", "", "```", results[case.name].error, "```"]
+    report = run_dir / "report.md"
+    files.write_text(report, "\n".join(lines) + "\n")
+    panels = [(case.name, _curves(case, results[case.name], baseline)) for case in cases]
+    plots.plot_loss_panels(panels, run_dir / "loss_curves.png")
+    return report
+
+
+def _curves(case, result, baseline):
+    if result.parity_curves is not None:
+        return result.parity_curves
+    old = baseline["cases"].get(case.name, {}).get("losses", [])
+    return {"baseline": [tuple(point) for point in old], "now": list(result.losses)}
+
+
+def _number(value):
+    return "-" if value is None else f"{value:.6g}"
+
+
+def _delta(row):
+    if row.delta is None:
+        return "-"
+    relative = f" ({row.delta / abs(row.baseline):+.1%})" if row.baseline else ""
+    return f"{row.delta:+.4g}{relative}"
+
+
+def _update_baseline(suite, cases, results, baseline):
+    """Store the figures and loss curves of the cases that ran (parity cases need none) and say what changed."""
+    updated = {"suite": suite.path.name, "cases": dict(baseline["cases"])}
+    for case in cases:
+        result = results[case.name]
+        if result.error is not None or result.parity is not None:
+            continue
+        old = baseline["cases"].get(case.name, {}).get("figures", {})
+        for metric, value in result.figures.items():
+            if old.get(metric) != value:
+                print(f"baseline: {case.name} {metric}: {_number(old.get(metric))} -> {_number(value)}")
+        updated["cases"][case.name] = {"figures": result.figures, "losses": [list(point) for point in result.losses]}
+    files.write_json(suite.baseline_path, updated)
+    print(f"baseline: wrote {suite.baseline_path}")

@@ -1,0 +1,92 @@
+"""`pipeline.py run`: export check -> smoke -> torchrun, stopping at the first failure, then a summary.
+
+Everything lands in `runs/<UTC timestamp>-run/`: `smoke/` (the smoke run), `train/` (the training
+run's output_dir, unless -p output_dir says otherwise), `logs/` (every rank's stdout/stderr) and
+`loss_curve.png`.
+"""
+
+import os
+from pathlib import Path
+
+from nbddp.errors import NbddpError
+from nbddp.orchestration import devices, launch, parameters, plots, smoke
+from nbddp.orchestration.metrics import METRICS_FILE, read_metrics
+from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
+
+
+class LaunchFailed(NbddpError):
+    """torchrun failed; `pipeline.py run` exits with torchrun's own status."""
+
+    def __init__(self, status, logs):
+        self.exit_status = status
+        super().__init__(f"torchrun exited with status {status}; every rank's output is in {logs}")
+
+
+def check_export_fresh(script):
+    """Stop when generated/ differs from what export would write from notebooks/ now."""
+    from nbddp.export import export  # the export room (libcst, jupytext) is only needed for this check
+
+    stale = export(out=Path(script).parent, check=True).stale
+    if stale:
+        raise NbddpError("the generated script is out of date:\n  " + "\n  ".join(stale) +
+                         "\n  hint: run `python pipeline.py export`")
+
+
+def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
+        timeout=None, runs_root=RUNS_ROOT):
+    """Check, smoke, launch, summarise. The -p/-f parameters go to both the smoke run and torchrun."""
+    check_export_fresh(script)
+    notebook, defaults, user = smoke.user_parameters(script, flags, params_file)
+    visible = devices.single_device(device)
+    run_dir = new_run_dir("run", runs_root)
+    train = dict(user)
+    if "output_dir" in defaults and "output_dir" not in user:
+        train["output_dir"] = str(run_dir / "train")
+    logs = run_dir / "logs"
+    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs)
+    # The smoke run takes the user's values but keeps its own output_dir: the user's is the training run's.
+    smoke_user = {name: value for name, value in user.items() if name != "output_dir"}
+    smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke")
+    print(f"launch: {plan.describe()}", flush=True)
+    status = launch.execute(plan)
+    if status != 0:
+        raise LaunchFailed(status, logs)
+    summary = summarise(run_dir, Path(train.get("output_dir", run_dir)), logs)
+    print(summary, flush=True)
+    return summary
+
+
+def summarise(run_dir, output_dir, logs):
+    """The summary text; draws loss_curve.png in `run_dir` from the training run's metrics."""
+    lines = [f"run: done; everything is in {run_dir}"]
+    adapter = _find_adapter(output_dir)
+    lines.append(f"  adapter:       {adapter or f'none found under {output_dir}'}")
+    lines.append(f"  logs:          {logs}")
+    events = sorted(output_dir.rglob("events.out.tfevents*")) if output_dir.exists() else []
+    if events:
+        lines.append(f"  TensorBoard:   tensorboard --logdir {os.path.commonpath([e.parent for e in events])}")
+    metrics_path = output_dir / METRICS_FILE
+    if not metrics_path.exists():
+        lines.append(f"  metrics:       none ({metrics_path} was not written)")
+        return "\n".join(lines)
+    metrics = read_metrics(metrics_path)
+    lines.append(f"  train loss:    {_figure(metrics.final_train_loss, '.4f')} (final step)")
+    lines.append(f"  held-out loss: {_figure(metrics.eval_loss, '.4f')}")
+    lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f')} (median over steps)")
+    lines.append(f"  peak memory:   {_figure(metrics.max_peak_mem_gib, '.2f')} GiB")
+    curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
+    lines.append(f"  loss curve:    {plots.plot_loss_panels([('loss', curves)], run_dir / 'loss_curve.png')}")
+    return "\n".join(lines)
+
+
+def _find_adapter(output_dir):
+    """The saved LoRA adapter (a directory with adapter_config.json), preferring one outside checkpoint-*."""
+    if not output_dir.exists():
+        return None
+    adapters = sorted(path.parent for path in output_dir.rglob("adapter_config.json"))
+    final = [path for path in adapters if not any(part.startswith("checkpoint-") for part in path.parts)]
+    return (final or adapters or [None])[-1]
+
+
+def _figure(value, spec):
+    return "n/a" if value is None else f"{value:{spec}}"

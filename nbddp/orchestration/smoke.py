@@ -1,0 +1,81 @@
+"""`pipeline.py smoke`: run the generated script once, as a notebook, for a few steps on one device.
+
+Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
+params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there).
+"""
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from nbddp.errors import UsageError
+from nbddp.orchestration import devices, files, notebook_run, parameters
+from nbddp.orchestration.metrics import METRICS_FILE
+from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
+
+DEFAULT_SCRIPT = Path("generated/train.py")
+# A few optimizer steps show that data, model, LoRA and trainer fit together, in seconds.
+SMOKE_DEFAULTS = {"max_steps": 3}
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    run_dir: Path
+    executed: Path
+    html: Path
+    parameters: dict
+    metrics: Path | None
+
+
+def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeout=None, runs_root=RUNS_ROOT):
+    """Smoke-run `script` with the smoke defaults, then the -f file's values, then each -p flag.
+
+    `flags` are `(name, text)` pairs from `-p NAME VALUE`; `device` is None (first GPU, else CPU),
+    `cpu` or a GPU index; `timeout` is per cell, in seconds. Raises NotebookRunFailed (exit 1) at
+    the source notebook cell and line of a failing cell.
+    """
+    notebook, defaults, user = user_parameters(script, flags, params_file)
+    visible = devices.single_device(device)
+    return run_smoke(notebook, script, defaults, user, visible, timeout, new_run_dir("smoke", runs_root))
+
+
+def user_parameters(script, flags=(), params_file=None):
+    """The script as a notebook, its parameter defaults, and the user's typed overrides (-f, then -p)."""
+    if not Path(script).is_file():
+        raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
+    notebook = notebook_run.to_notebook(script)
+    defaults = parameters.read_defaults(notebook, script)
+    file_values = parameters.load_parameter_file(params_file) if params_file else None
+    return notebook, defaults, parameters.resolve(defaults, file_values, flags, file_label=f"-f {params_file}")
+
+
+def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir):
+    """Execute the smoke run into `run_dir` on the device `visible` (a CUDA_VISIBLE_DEVICES value)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    injected = smoke_parameters(defaults, user, run_dir)
+    files.write_json(run_dir / "params.json", injected)
+    print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}", flush=True)
+    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout)
+    result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
+    print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}, HTML {run.html}", flush=True)
+    return result
+
+
+def smoke_parameters(defaults, user, run_dir):
+    """Smoke defaults for the parameters the script has, output_dir in the run dir; the user wins."""
+    injected = {name: value for name, value in SMOKE_DEFAULTS.items() if name in defaults}
+    if "output_dir" in defaults:
+        injected["output_dir"] = str(run_dir)
+    return injected | user
+
+
+def _collect_metrics(injected, run_dir):
+    """The run's metrics.jsonl, copied into the run dir when the user pointed output_dir elsewhere."""
+    output_dir = Path(injected.get("output_dir", run_dir))
+    source = output_dir / METRICS_FILE
+    if not source.exists():
+        return None
+    target = run_dir / METRICS_FILE
+    if source.resolve() != target.resolve():
+        shutil.copyfile(source, target)
+    return target
