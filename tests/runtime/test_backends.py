@@ -1,0 +1,78 @@
+import sys
+import types
+
+import pytest
+import torch
+
+from nbddp.errors import UsageError
+from nbddp.runtime import backends, hf_backend
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Pretend to be a machine with or without CUDA and the unsloth package."""
+    monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+
+    def make(cuda, unsloth):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(backends.importlib.util, "find_spec", lambda name: object() if unsloth and name == "unsloth" else None)
+
+    return make
+
+
+@pytest.mark.parametrize(
+    "cuda, unsloth, expected",
+    [
+        (True, True, ("unsloth", "Unsloth: CUDA and unsloth found")),
+        (False, True, ("hf", "Transformers+PEFT fallback: no CUDA")),
+        (False, False, ("hf", "Transformers+PEFT fallback: no CUDA")),
+        (True, False, ("hf", "Transformers+PEFT fallback: unsloth not installed")),
+    ],
+)
+def test_auto(machine, cuda, unsloth, expected):
+    machine(cuda=cuda, unsloth=unsloth)
+    assert backends.choose("auto") == expected
+
+
+def test_hf_on_request_even_with_unsloth(machine):
+    machine(cuda=True, unsloth=True)
+    assert backends.choose("hf")[0] == "hf"
+
+
+@pytest.mark.parametrize("cuda, unsloth, missing", [(False, True, "a CUDA GPU"), (True, False, "the unsloth package")])
+def test_unsloth_where_it_cannot_run_says_what_is_missing(machine, cuda, unsloth, missing):
+    machine(cuda=cuda, unsloth=unsloth)
+    with pytest.raises(UsageError, match=f"--backend unsloth needs {missing}; use --backend hf"):
+        backends.choose("unsloth")
+
+
+def test_unknown_backend(machine):
+    machine(cuda=False, unsloth=False)
+    with pytest.raises(UsageError, match="one of auto, unsloth, hf"):
+        backends.choose("vllm")
+
+
+def test_hf_installs_the_fallback_as_unsloth(monkeypatch):
+    monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+    backends.activate("hf")
+    from unsloth import FastLanguageModel, is_bfloat16_supported
+
+    assert FastLanguageModel is hf_backend.FastLanguageModel
+    assert is_bfloat16_supported is hf_backend.is_bfloat16_supported
+
+
+def test_installed_fallback_does_not_count_as_unsloth(machine, monkeypatch):
+    machine(cuda=True, unsloth=True)  # find_spec would answer yes
+    monkeypatch.setitem(sys.modules, "unsloth", hf_backend)  # a second setup in the same kernel
+    assert backends.choose("auto")[0] == "hf"
+
+
+def test_unsloth_is_imported_and_the_trainer_patched(monkeypatch):
+    from transformers import Trainer
+
+    monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)  # restored after the test
+    real_unsloth = types.ModuleType("unsloth")
+    monkeypatch.setitem(sys.modules, "unsloth", real_unsloth)
+    backends.activate("unsloth")
+    assert sys.modules["unsloth"] is real_unsloth
+    assert Trainer.compute_loss.nbddp_clones_model_loss

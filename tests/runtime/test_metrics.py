@@ -1,0 +1,88 @@
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import TrainerControl, TrainerState
+
+from nbddp.runtime.metrics import MetricsCallback
+
+
+def state(is_world_process_zero, step=0, tokens=0):
+    return TrainerState(is_world_process_zero=is_world_process_zero, global_step=step, num_input_tokens_seen=tokens)
+
+
+def records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def simulate(callback, is_world_process_zero):
+    args = SimpleNamespace(include_num_input_tokens_seen="no")
+    control = TrainerControl()
+    callback.on_train_begin(args, state(is_world_process_zero), control)
+    callback.on_log(args, state(is_world_process_zero, 5, 640), control, logs={"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 1.0})
+    callback.on_log(args, state(is_world_process_zero, 5, 640), control, logs={"eval_loss": 2.4, "eval_runtime": 0.1})
+    callback.on_log(args, state(is_world_process_zero, 10, 1280), control, logs={"train_runtime": 3.5, "train_loss": 2.3})
+    return args
+
+
+def test_rank_zero_writes_steps_evals_and_end(tmp_path):
+    path = tmp_path / "outputs" / "run" / "metrics.jsonl"
+    args = simulate(MetricsCallback(path), is_world_process_zero=True)
+    step, evaluation, end = records(path)
+    assert step["step"] == 5 and step["loss"] == 2.5 and step["learning_rate"] == 1e-4
+    assert step["tokens_per_s"] > 0 and step["time_s"] >= 0 and step["peak_mem_gib"] > 0
+    assert set(step) == {"step", "loss", "learning_rate", "tokens_per_s", "peak_mem_gib", "time_s"}
+    assert evaluation == {"event": "eval", "step": 5, "eval_loss": 2.4}
+    assert end == {"event": "end", "step": 10, "train_runtime": 3.5, "train_loss": 2.3}
+    assert args.include_num_input_tokens_seen == "non_padding"  # every rank turns token counting on
+
+
+def test_other_ranks_write_nothing(tmp_path):
+    path = tmp_path / "outputs" / "metrics.jsonl"
+    args = simulate(MetricsCallback(path), is_world_process_zero=False)
+    assert not path.exists() and not path.parent.exists()
+    assert args.include_num_input_tokens_seen == "non_padding"
+
+
+def test_a_new_training_run_starts_a_new_file(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    simulate(MetricsCallback(path), is_world_process_zero=True)
+    simulate(MetricsCallback(path), is_world_process_zero=True)
+    assert len(records(path)) == 3
+
+
+def test_tokens_per_second_over_each_interval(tmp_path, monkeypatch):
+    clock = iter([100.0, 102.0, 106.0])
+    monkeypatch.setattr("nbddp.runtime.metrics.time.perf_counter", lambda: next(clock))
+    path = tmp_path / "metrics.jsonl"
+    callback, args, control = MetricsCallback(path), SimpleNamespace(include_num_input_tokens_seen="all"), TrainerControl()
+    callback.on_train_begin(args, state(True), control)
+    callback.on_log(args, state(True, 1, 1000), control, logs={"loss": 3.0, "learning_rate": 0.1})
+    callback.on_log(args, state(True, 2, 3000), control, logs={"loss": 2.0, "learning_rate": 0.1})
+    first, second = records(path)
+    assert first["tokens_per_s"] == pytest.approx(1000 / 2) and first["time_s"] == pytest.approx(2)
+    assert second["tokens_per_s"] == pytest.approx(2000 / 4) and second["time_s"] == pytest.approx(6)
+    assert args.include_num_input_tokens_seen == "all"  # a choice the notebook made is kept
+
+
+def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    path = ensure_weights(str(tiny_llama_dir))
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    rows = [tokenizer("the cat sat on the mat")["input_ids"]] * 8
+    dataset = [{"input_ids": torch.tensor(ids), "labels": torch.tensor(ids)} for ids in rows]
+    output_dir = tmp_path / "outputs"
+    args = TrainingArguments(
+        output_dir=str(output_dir), max_steps=4, per_device_train_batch_size=2, logging_steps=2,
+        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[MetricsCallback(output_dir / "metrics.jsonl")])
+    trainer.train()
+    first, second, end = records(output_dir / "metrics.jsonl")
+    assert (first["step"], second["step"]) == (2, 4)
+    assert first["tokens_per_s"] > 0 and first["learning_rate"] > 0
+    assert end["event"] == "end" and end["step"] == 4 and end["train_runtime"] > 0

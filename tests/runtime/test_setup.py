@@ -1,0 +1,73 @@
+"""`runtime.setup` and what `from nbddp import runtime` imports (nbddp/runtime/__init__.py)."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from nbddp import runtime
+from nbddp.errors import UsageError
+from nbddp.runtime import flags
+from nbddp.runtime.context import DistributedContext
+
+
+@pytest.fixture
+def cpu_script_mode(monkeypatch):
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # restored after the test
+    monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+
+
+def test_setup_reports_backend_and_world(cpu_script_mode, capsys):
+    ddp = runtime.setup(backend="auto", script=None)
+    assert isinstance(ddp, DistributedContext) and ddp.world_size == 1
+    assert capsys.readouterr().out == "nbddp: backend=hf (Transformers+PEFT fallback: no CUDA) world_size=1 device=cpu\n"
+    assert sys.modules["unsloth"].FastLanguageModel
+
+
+def test_setup_installs_the_excepthook_for_a_script(cpu_script_mode, tmp_path):
+    before = sys.excepthook
+    runtime.setup(backend="hf", script=str(tmp_path / "train.py"))
+    assert sys.excepthook is not before
+
+
+def test_unsloth_on_cpu_exits_2_in_script_mode(cpu_script_mode, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.setup(backend="unsloth", script=None)
+    assert exit_info.value.code == 2
+    assert "nbddp: error: --backend unsloth needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_unsloth_on_cpu_raises_in_a_kernel(cpu_script_mode, monkeypatch, tmp_path):
+    monkeypatch.setattr(runtime, "running_in_kernel", lambda: True)
+    before = sys.excepthook
+    with pytest.raises(UsageError):
+        runtime.setup(backend="unsloth", script=str(tmp_path / "train.py"))
+    assert sys.excepthook is before  # a kernel reports errors itself
+
+
+def test_imports_stay_light():
+    # Unsloth must be imported before transformers/trl/peft/datasets; the runtime never loads the export or
+    # orchestration tools. A fresh interpreter, since this one has imported them all.
+    code = textwrap.dedent(
+        """
+        import sys
+        from nbddp import runtime
+        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+        runtime.setup(backend="hf", script=None)
+        heavy = ("transformers", "trl", "peft", "datasets", "libcst", "jupytext", "papermill", "IPython")
+        print(sorted(m for m in heavy if m in sys.modules))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "[]"
+    assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_flags_module_is_what_the_package_exports():
+    assert runtime.apply_flags is flags.apply_flags

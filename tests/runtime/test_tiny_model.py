@@ -1,0 +1,55 @@
+import os
+from pathlib import Path
+
+from safetensors.torch import load_file
+
+from nbddp.runtime import tiny_model
+from nbddp.runtime.tiny_model import ensure_weights
+
+
+def weights(directory):
+    return load_file(Path(directory) / "model.safetensors")
+
+
+def test_builds_once_into_the_cache(tiny_llama_dir, model_cache):
+    first = ensure_weights(str(tiny_llama_dir))
+    built_at = os.stat(Path(first) / "model.safetensors").st_mtime_ns
+    second = ensure_weights(str(tiny_llama_dir))
+    assert first == second
+    assert Path(first).parent == model_cache
+    assert os.stat(Path(second) / "model.safetensors").st_mtime_ns == built_at  # not rebuilt
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (Path(first) / name).read_bytes() == (tiny_llama_dir / name).read_bytes()
+    assert not list(tiny_llama_dir.glob("*.safetensors"))  # the source directory is left alone
+
+
+def test_weights_are_the_same_every_time(tiny_llama_dir, model_cache, tmp_path, monkeypatch):
+    first = weights(ensure_weights(str(tiny_llama_dir)))
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "another-cache"))
+    second = weights(ensure_weights(str(tiny_llama_dir)))
+    assert first.keys() == second.keys() and len(first) > 0
+    for name in first:
+        assert first[name].dtype == second[name].dtype
+        assert first[name].equal(second[name]), name
+
+
+def test_a_different_config_is_a_different_model(tiny_llama_dir, model_cache):
+    first = ensure_weights(str(tiny_llama_dir))
+    config = tiny_llama_dir / "config.json"
+    config.write_text(config.read_text().replace('"num_hidden_layers": 2', '"num_hidden_layers": 1'))
+    assert ensure_weights(str(tiny_llama_dir)) != first
+
+
+def test_a_rank_that_loses_the_race_keeps_the_winners_model(tiny_llama_dir, model_cache):
+    target = Path(ensure_weights(str(tiny_llama_dir)))
+    built = weights(target)
+    tiny_model._build(tiny_llama_dir, target)  # as if another rank finished first
+    assert weights(target).keys() == built.keys()
+    assert sorted(path.name for path in model_cache.iterdir()) == [target.name]  # no staging left behind
+
+
+def test_other_names_come_back_unchanged(tiny_llama_dir, model_cache, tmp_path):
+    assert ensure_weights("unsloth/Llama-3.2-1B-Instruct") == "unsloth/Llama-3.2-1B-Instruct"
+    with_weights = Path(ensure_weights(str(tiny_llama_dir)))
+    assert ensure_weights(str(with_weights)) == str(with_weights)
+    assert ensure_weights(str(tmp_path)) == str(tmp_path)  # no config.json
