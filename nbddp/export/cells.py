@@ -1,0 +1,113 @@
+"""One cell of the generated script: a stage cell rewritten (and guarded, by its tags), or one nbddp writes."""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from nbddp.export import rewrites
+from nbddp.export.notebooks import SourceCell
+from nbddp.export.parameters import MergedParameters
+from nbddp.export.report import CellNote
+from nbddp.export.rewrites.base import ExportContext
+from nbddp.export.sourcemap import align_origins
+from nbddp.export.syntax import check_syntax
+
+RANK0_NOTE = "wrapped in `if ddp.is_main_process:` and followed by `ddp.barrier()` (rank0)"
+MAIN_PROCESS_FIRST_NOTE = "wrapped in `with ddp.main_process_first():` (main-process-first)"
+
+
+@dataclass(frozen=True)
+class GeneratedCell:
+    """A cell of the script, with the origin of each of its source lines (see sourcemap.py)."""
+
+    cell_type: str  # "code", "markdown" or "raw"
+    source: str
+    origin: list
+    title: str | None = None
+    tags: tuple = ()
+
+    @property
+    def label(self) -> str:
+        """Its name in the source map: the title, or for the two untitled cells nbddp writes, what they are."""
+        return self.title or ("parameters" if "parameters" in self.tags else "nbddp header")
+
+
+def export_code_cell(cell: SourceCell, stage_notebooks: frozenset) -> tuple[GeneratedCell | None, list]:
+    """The rewritten cell (None when no code is left) and the report entries for it."""
+    check_syntax(cell.location, cell.source)
+    context = ExportContext(stage_notebooks=stage_notebooks, cell_tags=cell.tags)
+    code, changes = rewrites.apply(cell.source, cell.location, context)
+    entries = sorted(changes, key=lambda change: change.line)  # rewrites run in turn; report in line order
+    code = _without_blank_edges(code)
+    if not code:
+        if cell.source.strip():
+            entries.append(CellNote(cell.location, "dropped: no code left after rewrites"))
+        return None, entries
+    module = cst.parse_module(code)
+    if module.body and "rank0" in cell.tags:
+        code = rank0_block(module).code.rstrip("\n")
+        entries.append(CellNote(cell.location, RANK0_NOTE))
+    elif module.body and "main-process-first" in cell.tags:
+        code = main_process_first_block(module).code.rstrip("\n")
+        entries.append(CellNote(cell.location, MAIN_PROCESS_FIRST_NOTE))
+    return GeneratedCell("code", code, align_origins(cell.source, code, cell.location), title(cell)), entries
+
+
+def export_text_cell(cell: SourceCell) -> GeneratedCell | None:
+    """A markdown or raw cell, kept as it is (None when empty)."""
+    text = _without_blank_edges(cell.source)
+    if not text:
+        return None
+    return GeneratedCell(cell.cell_type, text, align_origins(cell.source, text, cell.location), title(cell))
+
+
+def title(cell: SourceCell) -> str:
+    return f"{Path(cell.location.notebook).name} cell {cell.location.cell}"
+
+
+def rank0_block(module: cst.Module) -> cst.Module:
+    """`if ddp.is_main_process:` + the module's code, then `ddp.barrier()` so the other ranks wait for it."""
+    guard = cst.If(test=cst.parse_expression("ddp.is_main_process"), body=_block(module))
+    return module.with_changes(body=[guard, cst.parse_statement("ddp.barrier()\n")], footer=[])
+
+
+def main_process_first_block(module: cst.Module) -> cst.Module:
+    """`with ddp.main_process_first():` + the module's code: local rank 0 runs it first, then the others."""
+    item = cst.WithItem(cst.parse_expression("ddp.main_process_first()"))
+    return module.with_changes(body=[cst.With(items=[item], body=_block(module))], footer=[])
+
+
+def parameters_cell(parameters: MergedParameters) -> GeneratedCell:
+    return GeneratedCell("code", parameters.source, parameters.origin, tags=("parameters",))
+
+
+def setup_cell(defined_in: dict) -> GeneratedCell:
+    lines = [
+        "from nbddp import runtime",
+        f"runtime.apply_flags(globals(), defined_in={json.dumps(defined_in, ensure_ascii=False)})",
+        'ddp = runtime.setup(backend=backend, script=globals().get("__file__"))',
+    ]
+    return GeneratedCell("code", "\n".join(lines), [None] * len(lines), "nbddp setup")
+
+
+def teardown_cell() -> GeneratedCell:
+    return GeneratedCell("code", "ddp.shutdown()", [None], "nbddp teardown")
+
+
+def _block(module: cst.Module) -> cst.IndentedBlock:
+    """The module's statements and closing comments as an indented block; blank lines stay blank."""
+    return cst.IndentedBlock(body=module.body, footer=module.footer).visit(_UnindentBlankLines())
+
+
+class _UnindentBlankLines(cst.CSTTransformer):
+    def leave_EmptyLine(self, original_node, updated_node):
+        return updated_node if updated_node.comment else updated_node.with_changes(indent=False)
+
+
+def _without_blank_edges(text: str) -> str:
+    """`text` without its leading and trailing blank lines (and trailing whitespace)."""
+    lines = text.rstrip().splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Read the stage notebooks `NN_name.ipynb` of a pipeline, in file-name order, checking cell tags."""
+import difflib
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+
+from nbddp.errors import NotebookError
+from nbddp.export.rewrites.base import CellLocation
+
+STAGE_GLOB = "[0-9][0-9]_*.ipynb"
+
+# `injected-parameters` is papermill's own tag for the cell it injects; export drops that cell.
+KNOWN_TAGS = ("parameters", "notebook-only", "rank0", "main-process-first", "injected-parameters")
+
+# Tags that say contradictory things about one cell.
+EXCLUSIVE_TAGS = (("parameters", "rank0"), ("parameters", "main-process-first"), ("rank0", "main-process-first"))
+
+
+@dataclass(frozen=True)
+class SourceCell:
+    """One cell of a stage notebook, as export sees it."""
+
+    location: CellLocation  # notebook path as given and 1-based cell number (markdown cells counted)
+    cell_type: str  # "code", "markdown" or "raw"
+    source: str
+    tags: frozenset
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage notebook: its path as given, its cells, and the hash of what export reads from it."""
+
+    path: str
+    cells: tuple
+    content_sha256: str
+
+    @property
+    def name(self):
+        return Path(self.path).name
+
+
+def read_stages(directory) -> list[Stage]:
+    """All stage notebooks in `directory`, in file-name order; an empty pipeline is an error."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise NotebookError(directory.as_posix(), "the notebook directory does not exist")
+    paths = sorted((path for path in directory.glob(STAGE_GLOB) if path.is_file()), key=lambda path: path.name)
+    if not paths:
+        raise NotebookError(
+            directory.as_posix(),
+            "no stage notebooks found",
+            hint="stages are files named NN_name.ipynb (01_data_prep.ipynb, 02_lora_setup.ipynb, ...)",
+        )
+    return [read_stage(path) for path in paths]
+
+
+def read_stage(path) -> Stage:
+    path = Path(path)
+    notebook = _read_notebook(path)
+    cells = tuple(
+        SourceCell(
+            location=CellLocation(path.as_posix(), number),
+            cell_type=cell.cell_type,
+            source=cell.source,
+            tags=_checked_tags(path.as_posix(), number, cell.cell_type, cell.metadata.get("tags", [])),
+        )
+        for number, cell in enumerate(notebook.cells, start=1)
+    )
+    return Stage(path.as_posix(), cells, _content_sha256(cells))
+
+
+def _read_notebook(path: Path):
+    where = path.as_posix()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise NotebookError(where, f"not UTF-8 text: {err.reason} at byte {err.start}") from err
+    # json first: nbformat's own error for bad JSON does not say where the problem is.
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise NotebookError(
+            where, f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno} of the file"
+        ) from err
+    if not isinstance(data, dict):
+        raise NotebookError(where, "not a notebook: the file's JSON is not an object")
+    try:
+        notebook = nbformat.reads(text, as_version=4)
+        nbformat.validate(notebook)
+    except nbformat.ValidationError as err:
+        path_in_notebook = list(err.absolute_path)
+        cell = path_in_notebook[1] + 1 if path_in_notebook[:1] == ["cells"] and len(path_in_notebook) > 1 else None
+        raise NotebookError(where, f"not a valid notebook: {err.message}", cell=cell) from err
+    except nbformat.NBFormatError as err:
+        raise NotebookError(where, f"not a valid notebook: {err}") from err
+    return notebook
+
+
+def _checked_tags(notebook: str, cell: int, cell_type: str, tags) -> frozenset:
+    for tag in tags:
+        if tag not in KNOWN_TAGS:
+            close = difflib.get_close_matches(tag, KNOWN_TAGS, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known tags: {', '.join(KNOWN_TAGS)}"
+            raise NotebookError(notebook, f"unknown cell tag {tag!r}", cell=cell, hint=hint)
+    for first, second in EXCLUSIVE_TAGS:
+        if first in tags and second in tags:
+            raise NotebookError(notebook, f"a cell cannot be tagged both {first!r} and {second!r}", cell=cell)
+    if "parameters" in tags and cell_type != "code":
+        raise NotebookError(notebook, f"only a code cell can be tagged 'parameters', not a {cell_type} cell", cell=cell)
+    return frozenset(tags)
+
+
+def _content_sha256(cells) -> str:
+    """Hash of what export reads (types, tags, sources): re-running a notebook changes outputs, not this."""
+    content = [[cell.cell_type, sorted(cell.tags), cell.source] for cell in cells]
+    return hashlib.sha256(json.dumps(content, ensure_ascii=False).encode("utf-8")).hexdigest()

@@ -1,0 +1,154 @@
+"""The `parameters` cells of all stages, checked and merged into the one parameters cell of the script."""
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+from libcst.metadata import MetadataWrapper, PositionProvider
+
+from nbddp.errors import NotebookError
+from nbddp.export.notebooks import SourceCell
+from nbddp.export.syntax import parse_cell
+
+# nbddp's own parameter, appended after the stages' parameters; it picks the training backend.
+NBDDP_PARAMETER_LINES = ("# nbddp", 'backend = "auto"  # auto | unsloth | hf')
+NBDDP_PARAMETERS = {"backend": "nbddp"}
+
+# Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
+RESERVED_NAMES = ("backend", "ddp", "runtime")
+
+
+@dataclass(frozen=True)
+class Parameter:
+    """One `name = literal` assignment of a parameters cell."""
+
+    name: str
+    value: object
+    cell: SourceCell
+    line: int  # 1-based line of the assignment in the cell
+    first_line: int  # first line of the comments above it (the line after the previous assignment)
+    last_line: int
+
+    @property
+    def place(self):
+        return f"{self.cell.location.notebook}, cell {self.cell.location.cell}, line {self.line}"
+
+
+@dataclass(frozen=True)
+class MergedParameters:
+    """The merged parameters cell: its source, where each of its lines came from, and each name's notebook."""
+
+    source: str
+    origin: list  # per line: [notebook, cell, line] or None for lines nbddp wrote
+    defined_in: dict  # name -> notebook file name ("nbddp" for nbddp's own)
+
+
+def read_parameters(cell: SourceCell) -> list[Parameter]:
+    """The assignments of a parameters cell; anything but a literal assignment or a comment is an error."""
+    wrapper = MetadataWrapper(parse_cell(cell.location, cell.source))
+    positions = wrapper.resolve(PositionProvider)
+    parameters = []
+    for statement in wrapper.module.body:
+        # The comments above an assignment go with it: they follow the previous assignment's last line.
+        first_line = parameters[-1].last_line + 1 if parameters else 1
+        parameters.append(_parameter(statement, wrapper.module, positions, cell, first_line))
+    return parameters
+
+
+def merge_parameters(cells: list[SourceCell]) -> MergedParameters:
+    """Merge the parameters cells (in pipeline order): a name defined twice must have one default."""
+    first_definition: dict[str, Parameter] = {}
+    lines: list[str] = []
+    origin: list = []
+    named_notebooks: set[str] = set()
+    for cell in cells:
+        dropped_lines: set[int] = set()
+        for parameter in read_parameters(cell):
+            earlier = first_definition.setdefault(parameter.name, parameter)
+            if earlier is parameter:
+                continue
+            if repr(earlier.value) != repr(parameter.value):
+                raise NotebookError(
+                    cell.location.notebook,
+                    f"parameter {parameter.name!r} defaults to {parameter.value!r} here "
+                    f"but to {earlier.value!r} in {earlier.place}",
+                    cell=cell.location.cell,
+                    line=parameter.line,
+                    hint="the stages run as one script, so a parameter has one default: make them equal",
+                )
+            # Same default: the first definition stands for both.
+            dropped_lines.update(range(parameter.first_line, parameter.last_line + 1))
+        kept = [
+            (number, text)
+            for number, text in enumerate(cell.source.splitlines(), start=1)
+            if text.strip() and number not in dropped_lines
+        ]
+        notebook_name = Path(cell.location.notebook).name
+        if kept and notebook_name not in named_notebooks:
+            named_notebooks.add(notebook_name)
+            lines.append(f"# {notebook_name}")
+            origin.append(None)
+        for number, text in kept:
+            lines.append(text)
+            origin.append([cell.location.notebook, cell.location.cell, number])
+    lines.extend(NBDDP_PARAMETER_LINES)
+    origin.extend([None] * len(NBDDP_PARAMETER_LINES))
+    defined_in = {name: Path(parameter.cell.location.notebook).name for name, parameter in first_definition.items()}
+    return MergedParameters("\n".join(lines), origin, {**defined_in, **NBDDP_PARAMETERS})
+
+
+def _parameter(statement, module, positions, cell: SourceCell, first_line: int) -> Parameter:
+    line = positions[statement].start.line
+    target, value = _assignment(statement)
+    if target is None:
+        raise NotebookError(
+            cell.location.notebook,
+            f"a parameters cell holds only `name = literal` assignments and comments, not `{_line(cell, line)}`",
+            cell=cell.location.cell,
+            line=line,
+            hint="keep literal defaults here and compute derived values in the next cell",
+        )
+    try:
+        literal = ast.literal_eval(module.code_for_node(value).strip())
+    except (ValueError, TypeError, SyntaxError, RecursionError) as err:
+        raise NotebookError(
+            cell.location.notebook,
+            f"parameter {target.value!r} is not a literal (a number, string, bool, None, list, tuple or dict)",
+            cell=cell.location.cell,
+            line=line,
+            hint="the default becomes a command-line flag, so it must be a literal; compute derived values in the next cell",
+        ) from err
+    if target.value in RESERVED_NAMES:
+        raise NotebookError(
+            cell.location.notebook,
+            f"parameter name {target.value!r} is taken by the generated script",
+            cell=cell.location.cell,
+            line=line,
+            hint=f"rename it; nbddp itself defines {', '.join(RESERVED_NAMES)}",
+        )
+    return Parameter(
+        name=target.value,
+        value=literal,
+        cell=cell,
+        line=line,
+        first_line=first_line,
+        last_line=positions[statement].end.line,
+    )
+
+
+def _assignment(statement):
+    """(target Name, value) of a single `name = value` or `name: type = value` statement, else (None, None)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None, None
+    small = statement.body[0]
+    if isinstance(small, cst.Assign) and len(small.targets) == 1:
+        target, value = small.targets[0].target, small.value
+    elif isinstance(small, cst.AnnAssign) and small.value is not None:
+        target, value = small.target, small.value
+    else:
+        return None, None
+    return (target, value) if isinstance(target, cst.Name) else (None, None)
+
+
+def _line(cell: SourceCell, line: int) -> str:
+    return cell.source.splitlines()[line - 1].strip()

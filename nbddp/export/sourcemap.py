@@ -1,0 +1,45 @@
+"""Where each line of the generated script came from: `[notebook, cell, line]` or None (nbddp wrote it)."""
+import difflib
+import json
+
+from nbddp.export.rewrites.base import CellLocation
+
+
+def align_origins(original: str, rewritten: str, location: CellLocation) -> list:
+    """The origin of each line of `rewritten`, by difflib alignment of stripped lines with `original`.
+
+    Unchanged lines map to themselves; lines a rewrite changed map to the line they replace (the
+    block's last line when it grew); lines nbddp added map to the nearest original line above, or
+    None at the top of the cell.
+    """
+    old_lines = [line.strip() for line in original.splitlines()]
+    new_lines = [line.strip() for line in rewritten.splitlines()]
+    origin: list = []
+    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        for offset in range(j2 - j1):
+            if tag == "insert":
+                line = i1  # 1-based number of the original line just above (0: none)
+            else:  # equal or replace; a delete has no new lines
+                line = min(i1 + offset, i2 - 1) + 1
+            origin.append([location.notebook, location.cell, line] if line else None)
+    return origin
+
+
+def sourcemap_text(script_name: str, script_text: str, cells) -> str:
+    """The source map JSON (one line per cell) of a script whose cells, in order, are `cells`.
+
+    Cell markers are the `# %%` lines jupytext wrote; the script was checked to read back as
+    exactly these cells, so there is one marker per cell.
+    """
+    markers = [
+        number
+        for number, line in enumerate(script_text.splitlines(), start=1)
+        if line == "# %%" or line.startswith("# %% ")
+    ]
+    entries = [
+        json.dumps({"title": cell.label, "first_line": marker + 1, "origin": cell.origin}, ensure_ascii=False)
+        for marker, cell in zip(markers, cells, strict=True)
+    ]
+    cells_json = ",\n  ".join(entries)
+    return f'{{"script": {json.dumps(script_name)},\n "cells": [\n  {cells_json}\n ]}}\n'

@@ -1,0 +1,92 @@
+import pytest
+
+from nbddp.errors import NotebookError
+from nbddp.export import cells as cells_module
+from nbddp.export.cells import export_code_cell, export_text_cell
+from nbddp.export.notebooks import SourceCell
+from nbddp.export.report import CellNote
+from nbddp.export.rewrites.base import CellLocation
+
+STAGES = frozenset({"01_data.ipynb", "02_train.ipynb"})
+
+
+def cell(source, *tags, cell_type="code", number=3):
+    return SourceCell(CellLocation("notebooks/02_train.ipynb", number), cell_type, source, frozenset(tags))
+
+
+def test_plain_cell_keeps_its_code_title_and_lines():
+    generated, entries = export_code_cell(cell("\nx = 1\ny = x + 1\n\n"), STAGES)
+    assert generated.source == "x = 1\ny = x + 1"
+    assert generated.title == "02_train.ipynb cell 3"
+    assert generated.origin == [["notebooks/02_train.ipynb", 3, 2], ["notebooks/02_train.ipynb", 3, 3]]
+    assert entries == []
+
+
+def test_rank0_cell_is_guarded_then_followed_by_a_barrier():
+    source = "import json\n\nwith open('out.json', 'w') as f:\n    json.dump({}, f)  # save\n# done"
+    generated, entries = export_code_cell(cell(source, "rank0"), STAGES)
+    assert generated.source == (
+        "if ddp.is_main_process:\n"
+        "    import json\n"
+        "\n"
+        "    with open('out.json', 'w') as f:\n"
+        "        json.dump({}, f)  # save\n"
+        "    # done\n"
+        "ddp.barrier()"
+    )
+    assert [origin[2] if origin else None for origin in generated.origin] == [None, 1, 2, 3, 4, 5, 5]
+    assert entries == [CellNote(cell("").location, cells_module.RANK0_NOTE)]
+    compile(generated.source, "cell", "exec")
+
+
+def test_main_process_first_cell_runs_inside_the_context_manager():
+    generated, entries = export_code_cell(cell("import os\nos.makedirs('cache', exist_ok=True)", "main-process-first"), STAGES)
+    assert generated.source == "with ddp.main_process_first():\n    import os\n    os.makedirs('cache', exist_ok=True)"
+    assert [str(entry) for entry in entries] == [f"notebooks/02_train.ipynb, cell 3: {cells_module.MAIN_PROCESS_FIRST_NOTE}"]
+
+
+def test_a_cell_of_only_comments_is_not_guarded():
+    generated, entries = export_code_cell(cell("# nothing to run", "rank0"), STAGES)
+    assert generated.source == "# nothing to run"
+    assert entries == []
+
+
+def test_an_empty_cell_is_dropped():
+    assert export_code_cell(cell("\n  \n"), STAGES) == (None, [])
+    assert export_text_cell(cell("\n", cell_type="markdown")) is None
+
+
+@pytest.mark.parametrize(
+    "source, line, message",
+    [
+        ("x = 1\n\ny = (1,\nz = 2\n", 3, r"'\(' was never closed"),
+        ("\n\ndef f(:\n    pass\n", 3, "syntax error"),
+        ("if x:\nprint(x)\n", 2, "expected an indented block"),
+    ],
+)
+def test_syntax_error_names_notebook_cell_and_cell_line(source, line, message):
+    with pytest.raises(NotebookError, match=message) as error:
+        export_code_cell(cell(source, number=5), STAGES)
+    assert (error.value.notebook, error.value.cell, error.value.line) == ("notebooks/02_train.ipynb", 5, line)
+    assert str(error.value).startswith(f"notebooks/02_train.ipynb, cell 5, line {line}: ")
+
+
+def test_rewrites_get_the_stage_notebooks_and_the_cell_tags(monkeypatch):
+    seen = {}
+
+    def apply(source, location, context):
+        seen.update(source=source, location=location, context=context)
+        return source.replace("1", "2"), []
+
+    monkeypatch.setattr(cells_module.rewrites, "apply", apply)
+    generated, _ = export_code_cell(cell("x = 1", "rank0"), STAGES)
+    assert seen["location"] == CellLocation("notebooks/02_train.ipynb", 3)
+    assert seen["context"].stage_notebooks == STAGES
+    assert seen["context"].cell_tags == frozenset({"rank0"})
+    assert "    x = 2" in generated.source
+
+
+def test_markdown_cell_is_kept_as_markdown():
+    generated = export_text_cell(cell("# Title\n\nSome text.\n", cell_type="markdown", number=1))
+    assert (generated.cell_type, generated.source, generated.title) == ("markdown", "# Title\n\nSome text.", "02_train.ipynb cell 1")
+    assert [origin[2] for origin in generated.origin] == [1, 2, 3]

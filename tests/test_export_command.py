@@ -1,0 +1,168 @@
+"""`python pipeline.py export` end to end on a small 2-stage pipeline built in tmp_path."""
+import importlib.util
+import json
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+
+from fixtures.export.stages import code, markdown, two_stage_pipeline, write_stage
+
+_spec = importlib.util.spec_from_file_location("pipeline", Path(__file__).parents[1] / "pipeline.py")
+pipeline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pipeline)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    two_stage_pipeline(tmp_path)
+    return tmp_path
+
+
+def export(*flags):
+    return pipeline.main(["export", *flags])
+
+
+def test_export_writes_the_script_and_reports_what_it_did(project, capsys):
+    assert export() == 0
+    report = capsys.readouterr().out.splitlines()
+    assert "notebooks/01_data.ipynb, cell 4: dropped (notebook-only)" in report
+    assert any(line.startswith("notebooks/01_data.ipynb, cell 5: wrapped in `if ddp.is_main_process:`") for line in report)
+    assert any(line.startswith("notebooks/02_train.ipynb, cell 2: wrapped in `with ddp.main_process_first():`") for line in report)
+    assert report[-1].startswith("wrote generated/train.py from 2 notebooks: 5 cells, ")
+
+    text = (project / "generated" / "train.py").read_text()
+    compile(text, "generated/train.py", "exec")
+    assert "print(records[:2])" not in text  # notebook-only
+    assert '# %% tags=["parameters"]\n# 01_data.ipynb\nrows = 8  # how many examples\n' in text
+    assert 'runtime.apply_flags(globals(), defined_in={"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb", "backend": "nbddp"})' in text
+    assert 'ddp = runtime.setup(backend=backend, script=globals().get("__file__"))' in text
+    assert text.endswith("# %% nbddp teardown\nddp.shutdown()\n")
+
+
+def test_export_is_deterministic(project):
+    assert export() == 0
+    first = {path.name: path.read_bytes() for path in (project / "generated").iterdir()}
+    for path in (project / "generated").iterdir():
+        path.unlink()
+    assert export() == 0
+    assert {path.name: path.read_bytes() for path in (project / "generated").iterdir()} == first
+    assert sorted(first) == ["train.py", "train.sourcemap.json"]
+
+
+def test_script_round_trips_through_jupytext_and_matches_the_source_map(project):
+    assert export() == 0
+    text = (project / "generated" / "train.py").read_text()
+    notebook = jupytext.reads(text, "py:percent")
+    assert jupytext.writes(notebook, "py:percent") == text
+
+    sourcemap = json.loads((project / "generated" / "train.sourcemap.json").read_text())
+    assert sourcemap["script"] == "train.py"
+    assert len(sourcemap["cells"]) == len(notebook.cells)
+    lines = text.splitlines()
+    titles = [cell.metadata.get("title") for cell in notebook.cells]
+    assert [entry["title"] for entry in sourcemap["cells"]] == ["nbddp header", "parameters", *titles[2:]]
+    for entry, cell in zip(sourcemap["cells"], notebook.cells):
+        source = cell.source.splitlines()
+        assert len(entry["origin"]) == len(source)
+        if cell.cell_type == "code":
+            assert lines[entry["first_line"] - 1 : entry["first_line"] - 1 + len(source)] == source
+
+
+def test_source_map_follows_the_lines_a_guard_shifted(project):
+    assert export() == 0
+    lines = (project / "generated" / "train.py").read_text().splitlines()
+    sourcemap = json.loads((project / "generated" / "train.sourcemap.json").read_text())
+    entry = next(cell for cell in sourcemap["cells"] if cell["title"] == "01_data.ipynb cell 5")
+    notebook = nbformat.read(project / "notebooks" / "01_data.ipynb", as_version=4)
+    cell_lines = notebook.cells[4].source.splitlines()
+
+    assert lines[entry["first_line"] - 1] == "if ddp.is_main_process:"
+    assert entry["origin"][0] is None
+    for offset, origin in enumerate(entry["origin"][1:-1], start=1):
+        assert origin[:2] == ["notebooks/01_data.ipynb", 5]
+        assert lines[entry["first_line"] - 1 + offset].strip() == cell_lines[origin[2] - 1].strip()
+    assert lines[entry["first_line"] - 1 + len(entry["origin"]) - 1] == "ddp.barrier()"
+    assert entry["origin"][-1] == ["notebooks/01_data.ipynb", 5, len(cell_lines)]
+
+
+def test_check_is_clean_after_export_and_writes_nothing(project, capsys):
+    assert export("--check") == 1  # nothing exported yet
+    assert "generated/train.py is missing" in capsys.readouterr().err
+    assert not (project / "generated").exists()
+
+    assert export() == 0
+    assert export("--check") == 0
+
+
+def test_check_lists_stale_files_after_a_notebook_changes(project, capsys):
+    assert export() == 0
+    before = (project / "generated" / "train.py").read_text()
+    write_stage(project / "notebooks", "02_train.ipynb", [code("lr = 0.5", "parameters")])
+    capsys.readouterr()
+
+    assert export("--check") == 1
+    err = capsys.readouterr().err
+    assert "generated/train.py differs from what export writes" in err
+    assert "generated/train.sourcemap.json differs from what export writes" in err
+    assert (project / "generated" / "train.py").read_text() == before
+
+
+def test_hand_edited_script_is_refused_unless_forced(project, capsys):
+    assert export() == 0
+    script = project / "generated" / "train.py"
+    edited = script.read_text().replace("total = 0", "total = 100")
+    script.write_text(edited)
+    capsys.readouterr()
+
+    assert export() == 2
+    err = capsys.readouterr().err
+    assert "generated/train.py was edited by hand" in err
+    assert "use --force to overwrite (your edits will be lost; move them into the notebooks)" in err
+    assert script.read_text() == edited
+    assert export("--check") == 1
+
+    assert export("--force") == 0
+    assert "total = 0" in script.read_text()
+    assert export("--check") == 0
+
+
+def _break(notebooks, how):
+    if how == "malformed JSON":
+        (notebooks / "02_train.ipynb").write_text('{"cells": [\n  {"cell_type": "code",}\n]}\n')
+    elif how == "syntax error":
+        write_stage(notebooks, "02_train.ipynb", [markdown("# Train"), code("x = 1\nfor i in range(3)\n    x += i")])
+    elif how == "unknown tag":
+        write_stage(notebooks, "02_train.ipynb", [code("x = 1", "notebook_only")])
+    elif how == "conflicting defaults":
+        write_stage(notebooks, "02_train.ipynb", [code("rows = 16", "parameters")])
+    elif how == "non-literal parameter":
+        write_stage(notebooks, "02_train.ipynb", [code("lr = 1e-3\nsteps = rows // 2", "parameters")])
+    elif how == "empty pipeline":
+        for path in notebooks.iterdir():
+            path.unlink()
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("malformed JSON", ["notebooks/02_train.ipynb: not valid JSON", "line 2"]),
+        ("syntax error", ["notebooks/02_train.ipynb, cell 2, line 2: syntax error"]),
+        ("unknown tag", ["notebooks/02_train.ipynb, cell 1: unknown cell tag 'notebook_only'", "did you mean 'notebook-only'?"]),
+        (
+            "conflicting defaults",
+            ["notebooks/02_train.ipynb, cell 1, line 1: parameter 'rows' defaults to 16", "notebooks/01_data.ipynb, cell 2, line 1"],
+        ),
+        ("non-literal parameter", ["notebooks/02_train.ipynb, cell 1, line 2: parameter 'steps' is not a literal"]),
+        ("empty pipeline", ["notebooks: no stage notebooks found"]),
+    ],
+)
+def test_bad_input_exits_2_naming_the_place_and_writes_nothing(project, capsys, how, expected):
+    _break(project / "notebooks", how)
+    assert export() == 2
+    err = capsys.readouterr().err
+    for text in expected:
+        assert text in err
+    assert not (project / "generated").exists()
