@@ -1,0 +1,1 @@
+"""GPU benchmarks of the generated training script (see docs/performance.md)."""

@@ -1,0 +1,114 @@
+"""The benchmark plan: which variants of which script run, in which order, and what is compared.
+
+Every trial trains the same way: a bench shape (bench/configs/<shape>), seq_len tokens per row with
+no padding (bench/make_data.py), LoRA r=16 on every linear layer, one micro batch per step
+(gradient_accumulation_steps 1), `steps` optimizer steps of which the first `warmup_steps` are not
+timed. A round runs each variant once, in the listed order; rounds repeat that order (A B A B ...)
+so drift on a shared machine hits every variant alike. `concurrent` experiments compare one-GPU
+variants side by side, one per GPU at the same time, swapping GPUs every round.
+"""
+from dataclasses import dataclass, field
+
+SEQ_LEN = 2048
+LORA_R = 16
+SEED = 3407
+
+
+@dataclass(frozen=True)
+class Variant:
+    script: str  # "generated" (generated/train.py) or "reference" (bench/reference_ddp.py)
+    gpus: int = 1
+    settings: dict = field(default_factory=dict)  # script flags on top of the common ones
+    env: dict = field(default_factory=dict)
+    ddp: dict = field(default_factory=dict)  # accelerate DistributedDataParallelKwargs overrides
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    description: str
+    shape: str
+    micro_batch: int
+    steps: int
+    warmup_steps: int
+    variants: dict  # label -> Variant
+    order: tuple  # labels run in one round (a label may repeat)
+    rounds: int
+    comparisons: tuple  # (numerator label, denominator label) pairs
+    concurrent: bool = False
+    checkpointing: str = "notebook"  # "notebook": the script's default; "memory": bench.memory_model's choice; or a mode
+
+
+UNSLOTH_BF16 = {"backend": "unsloth", "load_in_4bit": False}
+UNSLOTH_4BIT = {"backend": "unsloth", "load_in_4bit": True}
+HF_BF16 = {"backend": "hf", "load_in_4bit": False}
+HF_4BIT = {"backend": "hf", "load_in_4bit": True}
+
+EXPERIMENTS = {
+    e.name: e
+    for e in [
+        Experiment(
+            name="sanity_1b",
+            description="Both scripts run end to end on the 1.1B shape (one GPU each, side by side).",
+            shape="llama-1.1b", micro_batch=4, steps=12, warmup_steps=4,
+            variants={"generated": Variant("generated", settings=UNSLOTH_BF16),
+                      "reference": Variant("reference", settings={"load_in_4bit": False})},
+            order=("generated", "reference"), rounds=1, concurrent=True,
+            comparisons=(("generated", "reference"),),
+        ),
+        Experiment(
+            name="backends_qlora_8b",
+            description="Unsloth vs Transformers+PEFT, same generated script (--backend), QLoRA 4-bit, 8B, 1 GPU each.",
+            shape="llama3-8b", micro_batch=2, steps=20, warmup_steps=5,
+            variants={"unsloth": Variant("generated", settings=UNSLOTH_4BIT),
+                      "hf": Variant("generated", settings=HF_4BIT)},
+            order=("unsloth", "hf"), rounds=2, concurrent=True,
+            comparisons=(("unsloth", "hf"),),
+        ),
+        Experiment(
+            name="backends_bf16_8b",
+            description="Unsloth vs Transformers+PEFT, same generated script (--backend), bf16 LoRA, 8B, 1 GPU each.",
+            shape="llama3-8b", micro_batch=2, steps=20, warmup_steps=5,
+            variants={"unsloth": Variant("generated", settings=UNSLOTH_BF16),
+                      "hf": Variant("generated", settings=HF_BF16)},
+            order=("unsloth", "hf"), rounds=2, concurrent=True,
+            comparisons=(("unsloth", "hf"),),
+        ),
+        Experiment(
+            name="scaling_8b",
+            description="DDP scaling of the generated script (1 vs 2 GPUs, same per-GPU batch) and the generated "
+                        "script vs the hand-written reference at 2 GPUs; Unsloth bf16 LoRA, 8B, checkpointing "
+                        "chosen from memory.",
+            shape="llama3-8b", micro_batch=2, steps=25, warmup_steps=5,
+            variants={"generated_1gpu": Variant("generated", 1, UNSLOTH_BF16),
+                      "generated_2gpu": Variant("generated", 2, UNSLOTH_BF16),
+                      "reference_2gpu": Variant("reference", 2, {"load_in_4bit": False})},
+            order=("generated_1gpu", "generated_2gpu", "reference_2gpu"), rounds=2,
+            comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "reference_2gpu")),
+            checkpointing="memory",
+        ),
+        Experiment(
+            name="gap_1b",
+            description="Suspects for the 2-GPU gap on the 1.1B shape, one interleaved run: checkpointing mode, "
+                        "OMP threads, DDP bucket view/static graph/bucket size, padded batches; the baseline "
+                        "(notebook defaults) opens and closes the round.",
+            shape="llama-1.1b", micro_batch=4, steps=40, warmup_steps=8,
+            variants={
+                "baseline_1gpu": Variant("generated", 1, UNSLOTH_BF16),
+                "baseline": Variant("generated", 2, UNSLOTH_BF16),
+                "checkpointing_true": Variant("generated", 2, {**UNSLOTH_BF16, "use_gradient_checkpointing": "true"}),
+                "checkpointing_off": Variant("generated", 2, {**UNSLOTH_BF16, "use_gradient_checkpointing": "false"}),
+                "omp_threads_8": Variant("generated", 2, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "8"}),
+                "ddp_tuned": Variant("generated", 2, UNSLOTH_BF16,
+                                     ddp={"gradient_as_bucket_view": True, "static_graph": True, "bucket_cap_mb": 200}),
+                "padded": Variant("generated", 2, UNSLOTH_BF16, env={"UNSLOTH_PADDING_CHOICE": "padded"}),
+            },
+            order=("baseline", "checkpointing_off", "checkpointing_true", "baseline_1gpu", "omp_threads_8",
+                   "ddp_tuned", "padded", "baseline"),
+            rounds=1,
+            comparisons=(("baseline", "baseline_1gpu"), ("checkpointing_off", "baseline"),
+                         ("checkpointing_true", "baseline"), ("omp_threads_8", "baseline"),
+                         ("ddp_tuned", "baseline"), ("padded", "baseline")),
+        ),
+    ]
+}

@@ -1,0 +1,125 @@
+"""Markdown tables and the scaling plot from bench/results/*.json (what docs/performance.md shows).
+
+    python -m bench.report --results bench/results --plot bench/results/scaling.png > /tmp/tables.md
+
+Four GPUs were not lent when these results were taken; the plot's 4-GPU point is a projection from
+the 2-GPU efficiency under one stated model: the per-step DDP overhead at N GPUs is all-reduce
+traffic, whose bytes per GPU grow as 2(N-1)/N (ring), so overhead(4) = 1.5 * overhead(2) and
+efficiency(4) = 1 / (1 + 1.5 * (1/efficiency(2) - 1)).
+"""
+import argparse
+import json
+from pathlib import Path
+
+
+
+def projected_efficiency(efficiency_2gpu, gpus=4):
+    """Efficiency at `gpus` GPUs if the 2-GPU overhead is ring all-reduce traffic (see module docstring)."""
+    traffic = (2 * (gpus - 1) / gpus) / (2 * 1 / 2)
+    return 1 / (1 + traffic * (1 / efficiency_2gpu - 1))
+
+
+def load(results_dir):
+    return {p.stem: json.loads(p.read_text()) for p in sorted(Path(results_dir).glob("*.json"))}
+
+
+def fmt(value, digits=0):
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def variant_table(result):
+    rows = ["| variant | GPUs | trials | tok/s (median of trials; per trial) | tok/s per GPU | MFU | peak GiB (max rank) | first step s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    trials = result["trials"]
+    for label, summary in result["summary"]["variants"].items():
+        gpus = next(t["world_size"] for t in trials if t["label"] == label and t["status"] == "ok")
+        spreads = [f"{t['tokens_per_s']['median']:,.0f} [{t['tokens_per_s']['p10']:,.0f}–{t['tokens_per_s']['p90']:,.0f}]"
+                   for t in trials if t["label"] == label and t["status"] == "ok"]
+        rows.append(f"| {label} | {gpus} | {summary['trials']} | {fmt(summary['tokens_per_s_median'])}; "
+                    f"{'; '.join(spreads)} | {fmt(summary['tokens_per_s_per_gpu_median'])} | "
+                    f"{summary['mfu_median']:.3f} | {summary['peak_allocated_gib_max_rank_median']:.1f} | "
+                    f"{fmt(summary['t_first_step_s_median'], 1)} |")
+    failed = [t["label"] for t in trials if t["status"] != "ok"]
+    if failed:
+        rows.append(f"\nFailed trials: {', '.join(failed)}.")
+    return "\n".join(rows)
+
+
+def comparison_table(result):
+    rows = ["| comparison | tok/s ratio per round | median | per-GPU ratio (scaling efficiency) | peak memory ratio |",
+            "| --- | --- | --- | --- | --- |"]
+    for c in result["summary"]["comparisons"]:
+        pairs = ", ".join(f"{r:.3f}" for r in c["tokens_per_s"]["per_pair"]) or "–"
+        rows.append(f"| {c['numerator']} / {c['denominator']} | {pairs} | {fmt(c['tokens_per_s']['median'], 3)} | "
+                    f"{fmt(c['tokens_per_s_per_gpu']['median'], 3)} | {fmt(c['peak_allocated_gib']['median'], 3)} |")
+    return "\n".join(rows)
+
+
+def markdown(results):
+    parts = []
+    for name, result in results.items():
+        setup = result["setup"]
+        parts.append(f"### {name}\n\n{result['description']}\n\n"
+                     f"Shape {setup['shape']}, seq {setup['seq_len']}, micro batch {setup['micro_batch_per_gpu']}/GPU, "
+                     f"{setup['steps']} steps ({setup['warmup_steps']} warm-up), checkpointing: "
+                     f"{setup['checkpointing']}"
+                     + (f" -> {setup['checkpointing_choice']['chosen']}" if setup.get("checkpointing_choice") else "")
+                     + f", {'side by side' if setup['concurrent'] else 'one trial at a time'}.\n\n"
+                     + variant_table(result) + "\n\n" + comparison_table(result) + "\n")
+    return "\n".join(parts)
+
+
+def scaling_points(results):
+    """(name, tok/s at 1 GPU, tok/s at 2 GPUs, efficiency) for every experiment that compares 2 GPUs with 1."""
+    points = []
+    for name, result in results.items():
+        variants = result["summary"]["variants"]
+        for c in result["summary"]["comparisons"]:
+            one, two = variants.get(c["denominator"]), variants.get(c["numerator"])
+            if not one or not two or c["tokens_per_s_per_gpu"]["median"] is None:
+                continue
+            gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
+            if gpus.get(c["denominator"]) == 1 and gpus.get(c["numerator"]) == 2:
+                points.append((f"{name}: {c['numerator']}", one["tokens_per_s_median"], two["tokens_per_s_median"],
+                               c["tokens_per_s_per_gpu"]["median"]))
+    return points
+
+
+def plot(points, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6.4, 4.2))
+    for name, one, two, efficiency in points:
+        four = 4 * one * projected_efficiency(efficiency)
+        line, = axis.plot([1, 2], [one, two], "o-", label=f"{name} (eff. {efficiency:.2f})")
+        axis.plot([2, 4], [two, four], "o--", color=line.get_color(), alpha=0.6)
+        axis.plot([1, 2, 4], [one, 2 * one, 4 * one], ":", color=line.get_color(), alpha=0.4)
+        axis.annotate(f"4 GPUs projected\n(eff. {projected_efficiency(efficiency):.2f})", (4, four),
+                      textcoords="offset points", xytext=(-90, -25), fontsize=7)
+    axis.set_xticks([1, 2, 4])
+    axis.set_xlabel("GPUs (H200, same per-GPU batch); dotted: ideal, dashed: projection")
+    axis.set_ylabel("tokens/s (median over steady-state steps)")
+    axis.set_title("DDP scaling of the generated script")
+    axis.legend(fontsize=7, loc="upper left")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=Path("bench/results"))
+    parser.add_argument("--plot", type=Path, help="write the scaling plot (PNG) here")
+    args = parser.parse_args()
+    results = load(args.results)
+    print(markdown(results))
+    if args.plot:
+        plot(scaling_points(results), args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Per-step device timing inside a training process, with no change to the script being measured.
+
+`install(...)` registers a post-import hook on `transformers.trainer`, so nothing here imports
+transformers before the script does (Unsloth must be imported first). Once the module loads,
+`Trainer.train` is wrapped: the wrapper adds a `StepTimer` callback, applies DDP keyword overrides
+to the accelerator (bench variants), times batch fetching on the instance (Unsloth checks the
+class method's source, so the class is left alone), runs training and writes
+`<result_dir>/rank<R>.json`.
+
+Step time is the device-side interval between CUDA events recorded at consecutive `on_step_end`s,
+so it covers everything in a step: batch fetch, forward/backward of every micro batch, gradient
+all-reduce and optimizer. Events are read once, after training, so timing adds no synchronisation
+to the steps; the one synchronisation at step 1 (wall time to first step) falls in warm-up.
+"""
+import importlib.abc
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROW_SAMPLE = 64  # training rows whose token count is checked against the expected fixed length
+
+
+class _PatchAfterImport(importlib.abc.MetaPathFinder):
+    """Runs `patch(module)` right after `module_name` has executed, whoever imports it first."""
+
+    def __init__(self, module_name, patch):
+        self.module_name = module_name
+        self.patch = patch
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module_name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        execute = spec.loader.exec_module
+
+        def exec_then_patch(module):
+            execute(module)
+            self.patch(module)
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+def install(result_dir, t0, ddp_overrides=None):
+    """Arrange for the next `Trainer.train` call in this process to be timed and reported."""
+    report = Report(result_dir, t0, ddp_overrides or {})
+    if "transformers.trainer" in sys.modules:
+        _wrap_train(sys.modules["transformers.trainer"], report)
+    else:
+        sys.meta_path.insert(0, _PatchAfterImport("transformers.trainer", lambda m: _wrap_train(m, report)))
+    return report
+
+
+def _wrap_train(trainer_module, report):
+    original_train = trainer_module.Trainer.train
+
+    def train(self, *args, **kwargs):
+        report.attach(self)
+        try:
+            return original_train(self, *args, **kwargs)
+        finally:
+            report.write()
+
+    train.__wrapped__ = original_train
+    trainer_module.Trainer.train = train
+
+
+def _rank_and_world():
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
+def _gpu_processes():
+    """nvidia-smi's view of which processes hold a context on which GPU (a rank on another's GPU shows here)."""
+    query = ["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,used_memory", "--format=csv,noheader"]
+    gpus = ["nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader"]
+    try:
+        apps = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+        index = subprocess.run(gpus, capture_output=True, text=True, timeout=20).stdout.strip().splitlines()
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return {"error": str(error)}
+    return {"gpus": index, "compute_apps": apps}
+
+
+class Report:
+    """Collects one rank's measurements during training and writes them as JSON."""
+
+    def __init__(self, result_dir, t0, ddp_overrides):
+        self.result_dir = result_dir
+        self.t0 = t0
+        self.ddp_overrides = ddp_overrides
+        self.trainer = None
+        self.events = []  # CUDA events at on_step_end (index 0: train begin)
+        self.host_times = []  # perf_counter at the same points
+        self.fetch_ms = []
+        self.data = {"t_train_called_s": None, "t_first_step_s": None}
+
+    def attach(self, trainer):
+        import torch
+        from transformers import TrainerCallback
+
+        self.trainer = trainer
+        self.data["t_train_called_s"] = time.time() - self.t0
+        if self.ddp_overrides:
+            self._apply_ddp_overrides(trainer)
+        fetch = trainer.get_batch_samples
+
+        def timed_fetch(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fetch(*args, **kwargs)
+            finally:
+                self.fetch_ms.append((time.perf_counter() - start) * 1e3)
+
+        trainer.get_batch_samples = timed_fetch
+        report = self
+
+        class StepTimer(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                report.mark(torch)
+                report.check_rows(kwargs.get("train_dataloader"))
+
+            def on_step_end(self, args, state, control, **kwargs):
+                report.mark(torch)
+                if state.global_step == 1:
+                    torch.cuda.synchronize()
+                    report.data["t_first_step_s"] = time.time() - report.t0
+                    report.data["ddp_module"] = report.describe_wrapped_model()
+                elif state.global_step == 2:
+                    report.data["gpu_processes"] = _gpu_processes()
+
+        trainer.add_callback(StepTimer())
+
+    def _apply_ddp_overrides(self, trainer):
+        from accelerate.utils import DistributedDataParallelKwargs
+
+        handler = trainer.accelerator.ddp_handler or DistributedDataParallelKwargs()
+        for name, value in self.ddp_overrides.items():
+            if not hasattr(handler, name):
+                raise ValueError(f"BENCH_DDP_KWARGS: DistributedDataParallelKwargs has no field {name!r}")
+            setattr(handler, name, value)
+        trainer.accelerator.ddp_handler = handler
+
+    def mark(self, torch):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self.events.append(event)
+        self.host_times.append(time.perf_counter())
+
+    def check_rows(self, dataloader):
+        dataset = getattr(dataloader, "dataset", None)
+        if dataset is None or "input_ids" not in getattr(dataset, "column_names", ()):
+            self.data["row_tokens"] = None
+            return
+        lengths = [len(ids) for ids in dataset[:ROW_SAMPLE]["input_ids"]]
+        self.data["row_tokens"] = {"checked": len(lengths), "min": min(lengths), "max": max(lengths),
+                                   "mean": sum(lengths) / len(lengths)}
+
+    def describe_wrapped_model(self):
+        wrapped = getattr(self.trainer, "model_wrapped", None)
+        described = {"class": type(wrapped).__name__}
+        for name in ("find_unused_parameters", "gradient_as_bucket_view", "static_graph", "bucket_bytes_cap"):
+            if hasattr(wrapped, name):
+                described[name] = getattr(wrapped, name)
+        return described
+
+    def write(self):
+        import torch
+
+        torch.cuda.synchronize()
+        rank, world = _rank_and_world()
+        args = self.trainer.args
+        step_ms = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
+        host_ms = [(b - a) * 1e3 for a, b in zip(self.host_times, self.host_times[1:])]
+        rows = self.data.get("row_tokens") or {}
+        record = {
+            **self.data,
+            "rank": rank,
+            "world_size": world,
+            "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+            "device": torch.cuda.get_device_name(),
+            "unsloth_module": getattr(sys.modules.get("unsloth"), "__file__", None),
+            "per_device_train_batch_size": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "gradient_checkpointing_arg": args.gradient_checkpointing,
+            "tokens_per_step": (args.per_device_train_batch_size * args.gradient_accumulation_steps
+                                * world * rows["mean"]) if rows else None,
+            "step_ms": step_ms,
+            "host_step_ms": host_ms,
+            "batch_fetch_ms": self.fetch_ms,
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2 ** 30,
+            "torch_threads": torch.get_num_threads(),
+            "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
+            "ddp_overrides": self.ddp_overrides,
+            "t_end_s": time.time() - self.t0,
+        }
+        os.makedirs(self.result_dir, exist_ok=True)
+        path = os.path.join(self.result_dir, f"rank{rank}.json")
+        with open(path + ".tmp", "w") as out:
+            json.dump(record, out, indent=1)
+        os.replace(path + ".tmp", path)

@@ -1,0 +1,88 @@
+import json
+
+import pytest
+
+from bench import experiments as plan
+from bench.harness import keep_in_logs, script_flags, summarize_experiment, summarize_trial
+
+EXPERIMENT = plan.Experiment(
+    name="toy", description="", shape="llama-1.1b", micro_batch=4, steps=6, warmup_steps=2,
+    variants={"one": plan.Variant("generated", 1, {"backend": "unsloth"}),
+              "two": plan.Variant("generated", 2, {"backend": "unsloth"})},
+    order=("one", "two"), rounds=2, comparisons=(("two", "one"),))
+MATMUL = [{"median_flops_per_s": 800e12}, {"median_flops_per_s": 700e12}]
+
+
+def write_rank(directory, rank, world, step_ms, peak=3.0):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"rank{rank}.json").write_text(json.dumps({
+        "rank": rank, "world_size": world, "step_ms": step_ms, "host_step_ms": step_ms, "batch_fetch_ms": [0.5],
+        "tokens_per_step": 8192 * world, "row_tokens": {"checked": 8, "min": 2048, "max": 2048, "mean": 2048},
+        "peak_allocated_gib": peak + rank, "peak_reserved_gib": peak + 1, "t_train_called_s": 20.0,
+        "t_first_step_s": 30.0, "torch_threads": 1, "omp_num_threads_env": "1"}))
+
+
+def trial(tmp_path, label, round_index, world, step_ms, returncode=0):
+    directory = tmp_path / f"{label}{round_index}"
+    for rank in range(world):
+        write_rank(directory, rank, world, step_ms)
+    (directory / "log.txt").write_text("nbddp: backend=unsloth (x) world_size=2\nData Parallel GPUs = 2 |\n")
+    t = {"label": label, "round": round_index, "gpus": list(range(world)), "dir": str(directory),
+         "returncode": returncode}
+    return summarize_trial(t, EXPERIMENT, MATMUL, flops=4.0e9)
+
+
+def test_trial_summary_skips_warmup_and_computes_throughput_and_mfu(tmp_path):
+    t = trial(tmp_path, "two", 0, 2, [5000, 900, 200, 200, 250, 150])
+    assert t["status"] == "ok"
+    assert t["step_ms"]["n"] == 4 and t["step_ms"]["median"] == 200
+    assert t["tokens_per_s"]["median"] == pytest.approx(16384 / 0.2)
+    assert t["tokens_per_s_per_gpu"] == pytest.approx(8192 / 0.2)
+    assert t["mfu"] == pytest.approx(8192 / 0.2 * 4.0e9 / 750e12)  # median of the two GPUs' rates
+    assert t["peak_allocated_gib"] == [3.0, 4.0]
+    assert t["unsloth_data_parallel_gpus"] == 2 and t["backend_line"].startswith("nbddp: backend=unsloth")
+
+
+def test_failed_trial_keeps_the_end_of_its_log(tmp_path):
+    t = trial(tmp_path, "one", 0, 1, [1, 2, 3], returncode=1)
+    assert t["status"] == "failed" and "Data Parallel GPUs = 2 |" in t["log_tail"]
+
+
+def test_experiment_summary_pairs_rounds_and_reports_scaling_efficiency(tmp_path):
+    trials = [trial(tmp_path, "one", 0, 1, [9, 9, 100, 100]), trial(tmp_path, "two", 0, 2, [9, 9, 110, 110]),
+              trial(tmp_path, "one", 1, 1, [9, 9, 120, 120]), trial(tmp_path, "two", 1, 2, [9, 9, 120, 120])]
+    summary = summarize_experiment(EXPERIMENT, trials)
+    comparison = summary["comparisons"][0]
+    assert comparison["tokens_per_s"]["per_pair"] == pytest.approx([2 * 100 / 110, 2.0])
+    assert comparison["tokens_per_s_per_gpu"]["per_pair"] == pytest.approx([100 / 110, 1.0])
+    assert summary["variants"]["two"]["trials"] == 2
+
+
+def test_flags_cover_the_common_settings_and_drop_backend_for_the_reference():
+    reference = plan.Variant("reference", 2, {"backend": "unsloth", "load_in_4bit": False})
+    flags = script_flags(EXPERIMENT, reference, "/m", "/d.jsonl", "/o", "off")
+    pairs = dict(zip(flags[::2], flags[1::2]))
+    assert pairs["--max_seq_length"] == str(plan.SEQ_LEN) and pairs["--load_in_4bit"] == "false"
+    assert pairs["--use_gradient_checkpointing"] == "false" and "--backend" not in pairs
+
+
+def test_logs_keep_metrics_but_not_saved_weights():
+    import tarfile
+
+    def info(name, directory=False):
+        i = tarfile.TarInfo(name)
+        i.type = tarfile.DIRTYPE if directory else tarfile.REGTYPE
+        return i
+
+    assert keep_in_logs(info("trials/x/00_a/log.txt"))
+    assert keep_in_logs(info("trials/x/00_a/output/metrics.jsonl"))
+    assert keep_in_logs(info("trials/x/00_a/output/adapter_model.safetensors")) is None
+
+
+def test_every_planned_experiment_is_consistent():
+    for experiment in plan.EXPERIMENTS.values():
+        assert set(experiment.order) <= set(experiment.variants)
+        for numerator, denominator in experiment.comparisons:
+            assert {numerator, denominator} <= set(experiment.variants)
+        if experiment.concurrent:
+            assert len(experiment.order) == 2 and all(v.gpus == 1 for v in experiment.variants.values())

@@ -1,0 +1,37 @@
+import json
+
+import pytest
+
+from bench.report import load, markdown, plot, projected_efficiency, scaling_points
+
+
+def result(one=40_000.0, two=76_000.0):
+    trial = lambda label, world, tps: {"label": label, "world_size": world, "status": "ok",
+                                       "tokens_per_s": {"median": tps, "p10": tps * 0.9, "p90": tps * 1.1}}
+    variants = {label: {"trials": 1, "tokens_per_s_median": tps, "tokens_per_s_per_gpu_median": tps / world,
+                        "mfu_median": 0.3, "peak_allocated_gib_max_rank_median": 3.0, "t_first_step_s_median": 40.0}
+                for label, world, tps in (("g1", 1, one), ("g2", 2, two))}
+    ratio = lambda r: {"per_pair": [r], "median": r, "min": r, "max": r}
+    return {"description": "toy", "setup": {"shape": "llama-1.1b", "seq_len": 2048, "micro_batch_per_gpu": 4,
+                                            "steps": 10, "warmup_steps": 2, "checkpointing": "notebook",
+                                            "concurrent": False},
+            "trials": [trial("g1", 1, one), trial("g2", 2, two)],
+            "summary": {"variants": variants, "comparisons": [
+                {"numerator": "g2", "denominator": "g1", "tokens_per_s": ratio(two / one),
+                 "tokens_per_s_per_gpu": ratio(two / one / 2), "peak_allocated_gib": ratio(1.0)}]}}
+
+
+def test_projection_keeps_perfect_scaling_perfect_and_worsens_a_gap():
+    assert projected_efficiency(1.0) == pytest.approx(1.0)
+    assert projected_efficiency(0.8) == pytest.approx(1 / (1 + 1.5 * 0.25))
+
+
+def test_markdown_and_plot_from_results_files(tmp_path):
+    (tmp_path / "scaling_toy.json").write_text(json.dumps(result()))
+    results = load(tmp_path)
+    text = markdown(results)
+    assert "| g2 / g1 | 1.900 | 1.900 | 0.950 | 1.000 |" in text
+    points = scaling_points(results)
+    assert points == [("scaling_toy: g2", 40_000.0, 76_000.0, pytest.approx(0.95))]
+    plot(points, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
