@@ -107,6 +107,7 @@ class Report:
         from transformers import TrainerCallback
 
         self.trainer = trainer
+        self.cuda = torch.cuda.is_available()
         self.data["t_train_called_s"] = time.time() - self.t0
         if self.ddp_overrides:
             self._apply_ddp_overrides(trainer)
@@ -130,7 +131,7 @@ class Report:
             def on_step_end(self, args, state, control, **kwargs):
                 report.mark(torch)
                 if state.global_step == 1:
-                    torch.cuda.synchronize()
+                    report.synchronize(torch)
                     report.data["t_first_step_s"] = time.time() - report.t0
                     report.data["ddp_module"] = report.describe_wrapped_model()
                 elif state.global_step == 2:
@@ -149,10 +150,21 @@ class Report:
         trainer.accelerator.ddp_handler = handler
 
     def mark(self, torch):
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        self.events.append(event)
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.events.append(event)
         self.host_times.append(time.perf_counter())
+
+    def synchronize(self, torch):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def device_step_ms(self):
+        """Device-side step times; on a machine without CUDA (tests) the host clock stands in."""
+        if not self.cuda:
+            return [(b - a) * 1e3 for a, b in zip(self.host_times, self.host_times[1:])]
+        return [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
 
     def check_rows(self, dataloader):
         dataset = getattr(dataloader, "dataset", None)
@@ -174,10 +186,10 @@ class Report:
     def write(self):
         import torch
 
-        torch.cuda.synchronize()
+        self.synchronize(torch)
         rank, world = _rank_and_world()
         args = self.trainer.args
-        step_ms = [a.elapsed_time(b) for a, b in zip(self.events, self.events[1:])]
+        step_ms = self.device_step_ms()
         host_ms = [(b - a) * 1e3 for a, b in zip(self.host_times, self.host_times[1:])]
         rows = self.data.get("row_tokens") or {}
         record = {
@@ -185,7 +197,7 @@ class Report:
             "rank": rank,
             "world_size": world,
             "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
-            "device": torch.cuda.get_device_name(),
+            "device": torch.cuda.get_device_name() if self.cuda else "cpu",
             "unsloth_module": getattr(sys.modules.get("unsloth"), "__file__", None),
             "per_device_train_batch_size": args.per_device_train_batch_size,
             "gradient_accumulation_steps": args.gradient_accumulation_steps,
@@ -195,8 +207,8 @@ class Report:
             "step_ms": step_ms,
             "host_step_ms": host_ms,
             "batch_fetch_ms": self.fetch_ms,
-            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2 ** 30,
+            "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if self.cuda else None,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2 ** 30 if self.cuda else None,
             "torch_threads": torch.get_num_threads(),
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "ddp_overrides": self.ddp_overrides,

@@ -1,0 +1,67 @@
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A stand-in for generated/train.py: transformers' Trainer on a tiny random Llama, fixed-length rows.
+TRAIN_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    from datasets import Dataset
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    steps = int(sys.argv[sys.argv.index("--max_steps") + 1])
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=2))
+    ids = torch.randint(4, 64, (32, 16)).tolist()
+    data = Dataset.from_dict({"input_ids": ids, "labels": ids})
+    args = TrainingArguments(output_dir=sys.argv[sys.argv.index("--output_dir") + 1], max_steps=steps,
+                             per_device_train_batch_size=2, report_to="none", use_cpu=True, save_strategy="no")
+    Trainer(model=model, args=args, train_dataset=data).train()
+    print("script finished", __name__)
+""")
+
+
+@pytest.mark.e2e
+def test_timed_run_reports_every_step_of_an_unmodified_trainer_script(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    env = {**os.environ, "BENCH_RESULT_DIR": str(tmp_path / "result"), "BENCH_DDP_KWARGS": "{}"}
+    done = subprocess.run([sys.executable, "bench/timed_run.py", str(script), "--max_steps", "5",
+                           "--output_dir", str(tmp_path / "out")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "script finished __main__" in done.stdout
+    record = json.loads((tmp_path / "result" / "rank0.json").read_text())
+    assert len(record["step_ms"]) == 5 and all(ms > 0 for ms in record["step_ms"])
+    assert len(record["batch_fetch_ms"]) == 5
+    assert record["row_tokens"] == {"checked": 32, "min": 16, "max": 16, "mean": 16.0}
+    assert record["tokens_per_step"] == 2 * 16
+    assert record["world_size"] == 1 and record["t_first_step_s"] > 0
+    assert record["ddp_module"]["class"] == "LlamaForCausalLM"  # one process: no DDP wrapper
+
+
+@pytest.mark.e2e
+def test_ddp_overrides_reach_the_distributed_wrapper_on_every_rank(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    env = {**os.environ, "BENCH_RESULT_DIR": str(tmp_path / "result"), "OMP_NUM_THREADS": "1",
+           "BENCH_DDP_KWARGS": json.dumps({"gradient_as_bucket_view": True, "bucket_cap_mb": 5})}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "bench/timed_run.py", str(script), "--max_steps", "3", "--output_dir", str(tmp_path / "out")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        record = json.loads((tmp_path / "result" / f"rank{rank}.json").read_text())
+        assert record["rank"] == rank and record["world_size"] == 2
+        assert record["tokens_per_step"] == 2 * 2 * 16
+        wrapper = record["ddp_module"]
+        assert wrapper["class"] == "DistributedDataParallel"
+        assert wrapper["gradient_as_bucket_view"] is True and wrapper["bucket_bytes_cap"] == 5 * 2 ** 20
