@@ -1,6 +1,11 @@
 """nbddp command line: turn the stage notebooks into one DDP-safe script and run it.
 
     python pipeline.py export [--notebooks notebooks] [--out generated] [--check] [--force]
+    python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--device N|cpu] [--timeout S]
+    python pipeline.py launch [--nproc-per-node N|auto] [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
+                              [--dry-run] [-- SCRIPT FLAGS]
+    python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml]
+    python pipeline.py regress [--suite regress.yaml] [--only NAME] [--update-baseline]
 
 Each subcommand parses its flags and calls the library; bad input exits 2 with the error's message.
 """
@@ -9,6 +14,10 @@ import sys
 
 from nbddp.errors import NbddpError
 from nbddp.export import export
+from nbddp.orchestration.launch import LaunchOptions, launch
+from nbddp.orchestration.regress import regress
+from nbddp.orchestration.run import run
+from nbddp.orchestration.smoke import smoke
 
 
 def add_export_command(subcommands) -> None:
@@ -39,10 +48,110 @@ def run_export(args) -> int:
     return 0
 
 
+def add_script_option(command) -> None:
+    command.add_argument("--script", default="generated/train.py", help="the generated script (default: %(default)s)")
+
+
+def add_parameter_options(command) -> None:
+    """-p/-f and the smoke run's device and timeout, shared by smoke and run."""
+    command.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                         help="override a notebook parameter; VALUE is typed like its default (repeatable)")
+    command.add_argument("-f", "--params-file", help="YAML file of parameter overrides (-p wins over it)")
+    command.add_argument("--device", help="the one device the smoke run sees: a GPU index or cpu "
+                                          "(default: the first GPU, else cpu)")
+    command.add_argument("--timeout", type=int, default=1800, help="seconds each notebook cell may run (default: %(default)s)")
+
+
+def add_launch_options(command) -> None:
+    """torchrun's world, shared by launch and run."""
+    command.add_argument("--nproc-per-node", default="auto",
+                         help="processes on this node; auto = one per visible GPU, or 2 CPU processes without GPUs")
+    command.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
+    command.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    command.add_argument("--rdzv-endpoint", help="HOST:PORT every node reaches (needed with --nnodes > 1)")
+    command.add_argument("--rdzv-id", default="nbddp", help="job id, the same on every node (default: %(default)s)")
+
+
+def launch_options(args) -> LaunchOptions:
+    return LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)
+
+
+def add_smoke_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "smoke",
+        help="run the generated script once as a notebook (papermill), a few steps on one device",
+        description="Smoke-run the generated script through papermill; results in runs/<UTC time>-smoke/.",
+    )
+    add_script_option(command)
+    add_parameter_options(command)
+    command.set_defaults(run=run_smoke)
+
+
+def run_smoke(args) -> int:
+    smoke(args.script, args.param, args.params_file, args.device, args.timeout)
+    return 0
+
+
+def add_launch_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "launch",
+        help="run the generated script under torchrun",
+        description="Launch the generated script with torchrun (gloo on CPU, NCCL on GPUs); exits with its status.",
+    )
+    add_script_option(command)
+    add_launch_options(command)
+    command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    command.add_argument("script_args", nargs="*", metavar="-- SCRIPT FLAGS", help="flags for the script, after --")
+    command.set_defaults(run=run_launch)
+
+
+def run_launch(args) -> int:
+    return launch(args.script, args.script_args, launch_options(args), dry_run=args.dry_run)
+
+
+def add_run_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "run",
+        help="export check, smoke run, then torchrun, and a summary",
+        description="Check generated/ is fresh, smoke-run it, launch it with torchrun, summarise; "
+                    "stops at the first failure. Results in runs/<UTC time>-run/.",
+    )
+    add_script_option(command)
+    add_launch_options(command)
+    add_parameter_options(command)
+    command.set_defaults(run=run_pipeline)
+
+
+def run_pipeline(args) -> int:
+    run(args.script, args.param, args.params_file, launch_options(args), args.device, args.timeout)
+    return 0
+
+
+def add_regress_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "regress",
+        help="run the regression suite and compare with its baseline",
+        description="Run the suite's cases, compare with <suite>_baseline.json, report in runs/<UTC time>-regress/.",
+    )
+    command.add_argument("--suite", default="regress.yaml", help="suite file (default: %(default)s)")
+    command.add_argument("--only", metavar="NAME", help="run only this case")
+    command.add_argument("--update-baseline", action="store_true", help="store this run's figures as the baseline")
+    command.set_defaults(run=run_regress)
+
+
+def run_regress(args) -> int:
+    regress(args.suite, args.only, args.update_baseline)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pipeline.py", description=__doc__.splitlines()[0])
     subcommands = parser.add_subparsers(dest="command", required=True)
     add_export_command(subcommands)
+    add_smoke_command(subcommands)
+    add_launch_command(subcommands)
+    add_run_command(subcommands)
+    add_regress_command(subcommands)
     return parser
 
 

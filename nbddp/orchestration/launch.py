@@ -117,8 +117,11 @@ def execute(plan, environ=None):
 
 def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False):
     """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status."""
+    plan = plan_launch(script, script_args, options, log_dir)
+    if dry_run:
+        print(f"would run: {plan.describe()}", flush=True)
+        return 0
     if not Path(script).is_file():
         raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
-    plan = plan_launch(script, script_args, options, log_dir)
-    print(("would run: " if dry_run else "launch: ") + plan.describe(), flush=True)
-    return 0 if dry_run else execute(plan)
+    print(f"launch: {plan.describe()}", flush=True)
+    return execute(plan)

@@ -76,7 +76,7 @@ def parse_flag(name, text, default):
     if isinstance(default, bool):
         word = text.strip().lower()
         if word not in TRUE_WORDS | FALSE_WORDS:
-            raise UsageError(f"{where}: expected a bool (true/false)")
+            raise UsageError(f"{where}: expected bool (true/false, yes/no, 1/0)")
         return word in TRUE_WORDS
     if isinstance(default, (int, float)):
         kind = type(default)
