@@ -20,7 +20,7 @@ def test_inference_inputs_follow_the_rank_device():
         ).to(ddp.device)  # move to GPU
         """,
     )
-    assert changes == [(1, 'replaced .to("cuda") with .to(ddp.device)')]
+    assert changes == [(4, 'replaced .to("cuda") with .to(ddp.device)')]
 
 
 @pytest.mark.parametrize(

@@ -10,18 +10,26 @@ from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
 from nbddp.export.rewrites.convert_magics import convert_cell
+from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell
+from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
 from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
+from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMainProcessFirst
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 
+# Argument-level rewrites first; then the ones that move statements into blocks: a whole-cell guard
+# before the per-statement ones, which leave code under `if ddp.is_main_process:` alone.
 REWRITES: list[type[Rewrite]] = [
     HoistUnslothImport,
     InjectDeviceMap,
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
     RenameTrainerTokenizer,
+    GuardInferenceCell,
+    RunDatasetsMainProcessFirst,
+    GuardRank0SideEffects,
 ]
 
 

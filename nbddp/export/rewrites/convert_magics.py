@@ -58,7 +58,8 @@ def to_python(source: str) -> str:
     code = TransformerManager().transform_cell("".join(rest)).splitlines(keepends=True)
     if not rest[0].startswith("%%"):
         code = _pad_joined_lines(rest, code)
-    return "".join(head + code)
+    python = "".join(head + code)
+    return python if source.endswith("\n") else python.removesuffix("\n")  # IPython adds one
 
 
 def _pad_joined_lines(original: list[str], transformed: list[str]) -> list[str]:

@@ -60,7 +60,7 @@ class ReplaceCudaDevice(Rewrite):
             others[-1] = others[-1].with_changes(comma=args[-1].comma)
         comma = cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")) if others else cst.MaybeSentinel.DEFAULT
         to_device = cst.Arg(_ddp_device(), comma=comma)
-        self.record(original_node, "replaced .cuda() with .to(ddp.device)")
+        self.record(original_node.func.attr, "replaced .cuda() with .to(ddp.device)")
         return updated_node.with_changes(
             func=updated_node.func.with_changes(attr=cst.Name("to")), args=[to_device, *others]
         )
@@ -69,7 +69,7 @@ class ReplaceCudaDevice(Rewrite):
         """`x.to("cuda")`, `x.to("cuda:0", dtype)` -> `x.to(ddp.device, ...)`."""
         if not original_node.args or original_node.args[0].keyword or not _is_cuda(original_node.args[0].value):
             return updated_node
-        self.record(original_node, f"replaced .to({code_of(original_node.args[0].value)}) with .to(ddp.device)")
+        self.record(original_node.args[0], f"replaced .to({code_of(original_node.args[0].value)}) with .to(ddp.device)")
         first, *others = updated_node.args
         return updated_node.with_changes(args=[first.with_changes(value=_ddp_device()), *others])
 

@@ -16,7 +16,6 @@ In `TrainingArguments(...)`, `Seq2SeqTrainingArguments(...)` and TRL's configs (
   notebooks pass it to `SFTTrainer`): every rank starts its own worker processes.
 """
 import libcst as cst
-import libcst.matchers as m
 
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import (
@@ -28,19 +27,11 @@ from nbddp.export.rewrites.call_args import (
     literal_value,
     set_keyword_value,
 )
+from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call
 
 TRANSFORMERS_ARGUMENTS = {"TrainingArguments", "Seq2SeqTrainingArguments"}
 TRL_CONFIGS = {"SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig", "ORPOConfig", "CPOConfig", "UnslothTrainingArguments"}
 DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True", "ddp_timeout": "7200"}
-
-
-def ddp_call(attribute: str, value: cst.BaseExpression) -> cst.Call:
-    """`ddp.<attribute>(<value>)`."""
-    return cst.Call(func=cst.Attribute(value=cst.Name("ddp"), attr=cst.Name(attribute)), args=[cst.Arg(value)])
-
-
-def is_ddp_call(node: cst.BaseExpression, attribute: str) -> bool:
-    return m.matches(node, m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name(attribute))))
 
 
 def is_bitsandbytes_optimizer(node: cst.BaseExpression) -> bool:

@@ -1,0 +1,77 @@
+"""A cell that generates text runs on the main process only, and the other ranks wait for it.
+
+Sampling from the model on every rank would only repeat the same work N times (and print it N
+times). A cell generates text when it calls `*.generate(...)`, `FastLanguageModel.for_inference(...)`
+(or `FastModel`/`FastVisionModel`), `TextStreamer(...)`/`TextIteratorStreamer(...)`, or
+`pipeline("text-generation", ...)`. The cell becomes `if ddp.is_main_process:` + its code, then
+`ddp.barrier()` (`rank0_block`, which the export also uses for cells tagged `rank0`).
+
+A cell that also makes a collective call (`trainer.train()`, `ddp.barrier()`, ...) is left for all
+ranks with a note: guarding it would leave the other ranks waiting forever.
+"""
+import libcst as cst
+import libcst.matchers as m
+
+from nbddp.export.rewrites.base import Rewrite
+from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, literal_value, receiver_name
+from nbddp.export.rewrites.ddp_blocks import MAIN_PROCESS_ONLY, collective_calls, rank0_block
+
+__all__ = ["GuardInferenceCell", "rank0_block"]
+
+UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
+STREAMERS = {"TextStreamer", "TextIteratorStreamer"}
+GENERATION_TASKS = {"text-generation", "text2text-generation", "image-text-to-text"}
+SKIPPED_TAGS = {"rank0", "main-process-first"}  # the export wraps these cells itself
+
+
+def generates_text(call: cst.Call) -> bool:
+    name = callee_name(call)
+    if isinstance(call.func, cst.Attribute) and name == "generate":
+        return True
+    if name == "for_inference" and receiver_name(call) in UNSLOTH_LOADERS:
+        return True
+    if name in STREAMERS:
+        return True
+    if name == "pipeline":
+        task = keyword(call, "task") or (call.args[0] if call.args and call.args[0].keyword is None else None)
+        return task is not None and literal_value(task.value) in GENERATION_TASKS
+    return False
+
+
+class _GenerationFinder(cst.CSTVisitor):
+    """Text-generating calls that are not already under `if ddp.is_main_process:`."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[cst.Call] = []
+
+    def visit_If(self, node: cst.If) -> bool:
+        return not m.matches(node, MAIN_PROCESS_ONLY)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        if generates_text(node):
+            self.calls.append(node)
+
+
+class GuardInferenceCell(Rewrite):
+    NAME = "guard-inference-cell"
+    DESCRIPTION = "Run a cell that generates text on the main process only; the other ranks wait at ddp.barrier()."
+
+    def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
+        if self.context.cell_tags & SKIPPED_TAGS:
+            return updated_node
+        finder = _GenerationFinder()
+        original_node.visit(finder)
+        if not finder.calls:
+            return updated_node
+        first = finder.calls[0]
+        collectives = collective_calls(original_node)
+        if collectives:
+            self.record(
+                first,
+                f"the cell generates text but also calls {code_of(collectives[0].func)}(), which every rank must run;"
+                " left for all ranks (put the generation in a cell of its own to run it on the main process only)",
+            )
+            return updated_node
+        self.record(first, f"the cell generates text ({code_of(first.func)}): it runs on the main process only, then ddp.barrier()")
+        return rank0_block(updated_node)

@@ -1,0 +1,134 @@
+"""Printing, plotting and saving happen once, on the main process.
+
+A statement that only calls `print`, `pprint`, `display`, `plt.show`, `*.savefig`, `*.save_pretrained*`
+or `*.push_to_hub*` (Unsloth's `save_pretrained_merged`, `push_to_hub_gguf`, ... included) becomes
+`if ddp.is_main_process:` + the statement, wherever it is; consecutive ones share one `if`. After a
+guarded save or push at the cell's top level comes `ddp.barrier()`, so no rank reads a half-written
+save. A trainer's own `trainer.save_model()`/`trainer.push_to_hub()` save on rank 0 by themselves and
+must be called on every rank: they are left alone. A statement whose arguments make a collective call
+(`print(trainer.evaluate())`) is left for all ranks, with a note.
+
+Cells tagged `rank0` run on the main process already; code already under `if ddp.is_main_process:`
+(such as a cell `guard-inference-cell` wrapped) is not guarded twice.
+"""
+import libcst as cst
+import libcst.matchers as m
+
+from nbddp.export.rewrites.base import Rewrite
+from nbddp.export.rewrites.call_args import callee_name, code_of, receiver_name
+from nbddp.export.rewrites.ddp_blocks import BARRIER, MAIN_PROCESS_ONLY, barrier, collective_calls, indented, main_process_only
+
+DISPLAY_FUNCTIONS = {"print", "pprint", "display"}
+SAVE_PREFIXES = ("save_pretrained", "push_to_hub")
+
+
+def is_save(call: cst.Call) -> bool:
+    name = callee_name(call) or ""
+    return isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES) and "trainer" not in (receiver_name(call) or "").lower()
+
+
+def has_side_effect(call: cst.Call) -> bool:
+    name = callee_name(call)
+    return (
+        (isinstance(call.func, cst.Name) and name in DISPLAY_FUNCTIONS)
+        or (name == "pprint" and receiver_name(call) == "pprint")
+        or (name == "show" and receiver_name(call) == "plt")
+        or (isinstance(call.func, cst.Attribute) and name == "savefig")
+        or is_save(call)
+    )
+
+
+def guardable_call(small: cst.BaseSmallStatement) -> cst.Call | None:
+    """The call of a side-effect statement (`print(x)`) that makes no collective call, else None."""
+    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and has_side_effect(small.value):
+        return None if collective_calls(small) else small.value
+    return None
+
+
+def side_effect_calls(statement: cst.BaseStatement | None) -> list[cst.Call] | None:
+    """The calls of a line made only of side-effect statements (`print(x); plt.show()`), else None."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return None
+    calls = [guardable_call(small) for small in statement.body]
+    return calls if all(calls) else None
+
+
+class GuardRank0SideEffects(Rewrite):
+    NAME = "guard-rank0-side-effects"
+    DESCRIPTION = "Print, plot, save and push on the main process only; after a save, all ranks wait at ddp.barrier()."
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._main_process_only = 0  # depth inside `if ddp.is_main_process:`
+        self._block_depth = 0  # 0 at the cell's top level
+
+    def visit_Module(self, node: cst.Module) -> bool:
+        return "rank0" not in self.context.cell_tags
+
+    def visit_If(self, node: cst.If) -> None:
+        self._main_process_only += m.matches(node, MAIN_PROCESS_ONLY)
+
+    def leave_If(self, original_node, updated_node):
+        self._main_process_only -= m.matches(original_node, MAIN_PROCESS_ONLY)
+        return updated_node
+
+    def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
+        self._block_depth += 1
+
+    def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
+        if not self._main_process_only:
+            self._record_guards(node.body, whole_line=True)
+
+    def visit_SimpleStatementSuite(self, node: cst.SimpleStatementSuite) -> None:
+        if not self._main_process_only:
+            self._record_guards(node.body, whole_line=False)
+
+    def _record_guards(self, smalls, whole_line):
+        """Record what `_guard` will wrap: a whole line of side effects, or each one in a one-line block."""
+        calls = [guardable_call(small) for small in smalls]
+        if all(calls) or not whole_line:
+            for call in filter(None, calls):
+                waits = "; then all ranks wait at ddp.barrier()" if is_save(call) and self._block_depth == 0 else ""
+                self.record(call, f"{code_of(call.func)}() runs on the main process only{waits}")
+        for small in smalls:
+            collectives = collective_calls(small)
+            if collectives and any(has_side_effect(call) for call in m.findall(small, m.Call())):
+                self.record(small, f"left for all ranks: it calls {code_of(collectives[0].func)}(), which every rank must run")
+
+    def leave_IndentedBlock(self, original_node, updated_node):
+        self._block_depth -= 1
+        if self._main_process_only:
+            return updated_node
+        return updated_node.with_changes(body=self._guard(updated_node.body, top_level=False))
+
+    def leave_SimpleStatementSuite(self, original_node, updated_node):
+        """`for x in xs: print(x)` -> a block, so the `if` has a line of its own."""
+        lines = [
+            cst.SimpleStatementLine(body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
+            for small in updated_node.body
+        ]
+        if self._main_process_only or not any(side_effect_calls(line) for line in lines):
+            return updated_node
+        return indented(self._guard(lines, top_level=False)).with_changes(header=updated_node.trailing_whitespace)
+
+    def leave_Module(self, original_node, updated_node):
+        if "rank0" in self.context.cell_tags:
+            return updated_node
+        return updated_node.with_changes(body=self._guard(updated_node.body, top_level=True))
+
+    def _guard(self, statements, top_level):
+        """Runs of side-effect lines under one `if ddp.is_main_process:`; a barrier after top-level saves."""
+        guarded, run = [], []
+        for statement in [*statements, None]:
+            if side_effect_calls(statement):
+                run.append(statement)
+                continue
+            if run:
+                guarded.append(main_process_only(run))
+                saves = any(is_save(call) for line in run for call in side_effect_calls(line))
+                if top_level and saves and (statement is None or not m.matches(statement, BARRIER)):
+                    guarded.append(barrier())
+                run = []
+            if statement is not None:
+                guarded.append(statement)
+        return guarded

@@ -1,0 +1,91 @@
+import libcst as cst
+import pytest
+from rewrite_case import assert_rewrites, assert_unchanged, run
+
+from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell, rank0_block
+
+
+def test_unsloth_inference_cell_runs_on_the_main_process_only():
+    changes = assert_rewrites(
+        GuardInferenceCell,
+        """\
+        # alpaca_prompt = Copied from above
+        FastLanguageModel.for_inference(model) # Enable native 2x faster inference
+        inputs = tokenizer(
+        [
+            alpaca_prompt.format("Continue the fibonnaci sequence.", "1, 1, 2, 3, 5, 8", "")
+        ], return_tensors = "pt").to(ddp.device)
+
+        outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
+        tokenizer.batch_decode(outputs)
+        """,
+        """\
+        # alpaca_prompt = Copied from above
+        if ddp.is_main_process:
+            FastLanguageModel.for_inference(model) # Enable native 2x faster inference
+            inputs = tokenizer(
+            [
+                alpaca_prompt.format("Continue the fibonnaci sequence.", "1, 1, 2, 3, 5, 8", "")
+            ], return_tensors = "pt").to(ddp.device)
+
+            outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
+            tokenizer.batch_decode(outputs)
+        ddp.barrier()
+        """,
+    )
+    assert changes == [
+        (2, "the cell generates text (FastLanguageModel.for_inference): it runs on the main process only, then ddp.barrier()")
+    ]
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "_ = model.generate(**inputs, streamer = text_streamer, max_new_tokens = 128)",
+        "streamer = TextStreamer(tokenizer, skip_prompt = True)",
+        'pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)',
+        'pipe = transformers.pipeline(task="text-generation", model=model)',
+        "FastModel.for_inference(model)",
+    ],
+)
+def test_every_kind_of_generation_is_found(line):
+    code, changes = run(GuardInferenceCell, f"x = 1\n{line}\n")
+    assert code == f"if ddp.is_main_process:\n    x = 1\n    {line}\nddp.barrier()\n"
+    assert [number for number, _ in changes] == [2]
+
+
+def test_generation_nested_in_a_loop_guards_the_whole_cell():
+    code, changes = run(GuardInferenceCell, "for prompt in prompts:\n    if prompt:\n        print(model.generate(prompt))\n")
+    assert code.startswith("if ddp.is_main_process:\n    for prompt in prompts:\n")
+    assert changes[0][0] == 3
+
+
+def test_cells_without_generation_or_tagged_are_left_alone():
+    assert_unchanged(GuardInferenceCell, 'pipe = pipeline("text-classification")\nmodel = FastLanguageModel.for_training(model)\n')
+    assert_unchanged(GuardInferenceCell, "out = model.generate(x)\n", tags={"rank0"})
+    assert_unchanged(GuardInferenceCell, "out = model.generate(x)\n", tags={"main-process-first"})
+
+
+def test_a_cell_that_also_trains_is_left_for_all_ranks_with_a_note():
+    before = "trainer_stats = trainer.train()\noutputs = model.generate(**inputs)\n"
+    code, changes = run(GuardInferenceCell, before)
+    assert code == before
+    assert changes == [
+        (
+            2,
+            "the cell generates text but also calls trainer.train(), which every rank must run; left for all ranks"
+            " (put the generation in a cell of its own to run it on the main process only)",
+        )
+    ]
+
+
+def test_rank0_block_keeps_header_comments_and_trailing_comments():
+    module = cst.parse_module("# heading\n\nx = 1\nif x:\n    y = 2\n# the end\n")
+    assert rank0_block(module).code == (
+        "# heading\n\nif ddp.is_main_process:\n    x = 1\n    if x:\n        y = 2\n    # the end\nddp.barrier()\n"
+    )
+
+
+def test_rank0_block_of_a_cell_without_code_is_the_cell():
+    module = cst.parse_module("# only a comment\n")
+    assert rank0_block(module).code == "# only a comment\n"

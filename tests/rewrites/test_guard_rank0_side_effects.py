@@ -1,0 +1,119 @@
+import pytest
+from rewrite_case import assert_rewrites, assert_unchanged, run
+
+from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
+
+
+def test_saving_the_lora_runs_once_and_the_others_wait():
+    changes = assert_rewrites(
+        GuardRank0SideEffects,
+        """\
+        # Local saving
+        model.save_pretrained("lora_model")  # adapters only
+        tokenizer.save_pretrained("lora_model")
+        trainer.save_model("outputs/final")
+        """,
+        """\
+        # Local saving
+        if ddp.is_main_process:
+            model.save_pretrained("lora_model")  # adapters only
+            tokenizer.save_pretrained("lora_model")
+        ddp.barrier()
+        trainer.save_model("outputs/final")
+        """,
+    )
+    assert changes == [
+        (2, "model.save_pretrained() runs on the main process only; then all ranks wait at ddp.barrier()"),
+        (3, "tokenizer.save_pretrained() runs on the main process only; then all ranks wait at ddp.barrier()"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        'print(f"{trainer_stats.metrics[\'train_runtime\']} seconds used for training.")',
+        "pprint(config)",
+        "pprint.pprint(config)",
+        "display(df.head())",
+        "plt.show()",
+        'fig.savefig("loss.png")',
+    ],
+)
+def test_display_statements_are_guarded_without_a_barrier(statement):
+    code, changes = run(GuardRank0SideEffects, f"{statement}\nx = 1\n")
+    assert code == f"if ddp.is_main_process:\n    {statement}\nx = 1\n"
+    assert changes and all(line == 1 for line, _ in changes)
+
+
+@pytest.mark.parametrize("save", ['model.save_pretrained_merged("m", tokenizer, save_method="merged_16bit")', 'model.push_to_hub_gguf("me/m", tokenizer)'])
+def test_unsloth_saves_get_a_barrier(save):
+    code, _ = run(GuardRank0SideEffects, f"{save}\n")
+    assert code == f"if ddp.is_main_process:\n    {save}\nddp.barrier()\n"
+
+
+def test_nested_statements_are_guarded_in_place_without_a_barrier():
+    changes = assert_rewrites(
+        GuardRank0SideEffects,
+        """\
+        for step, loss in enumerate(losses):
+            total += loss
+            if step % 10 == 0:
+                print(step, loss)
+                model.save_pretrained(f"ckpt-{step}")
+
+        def report(x):
+            print(x)  # shown once
+            return x
+        """,
+        """\
+        for step, loss in enumerate(losses):
+            total += loss
+            if step % 10 == 0:
+                if ddp.is_main_process:
+                    print(step, loss)
+                    model.save_pretrained(f"ckpt-{step}")
+
+        def report(x):
+            if ddp.is_main_process:
+                print(x)  # shown once
+            return x
+        """,
+    )
+    assert [line for line, _ in changes] == [4, 5, 8]
+
+
+def test_one_line_blocks_become_blocks():
+    assert_rewrites(
+        GuardRank0SideEffects,
+        "for row in rows: print(row)  # each row\n",
+        "for row in rows:  # each row\n    if ddp.is_main_process:\n        print(row)\n",
+    )
+
+
+def test_collective_calls_stay_on_every_rank_with_a_note():
+    code, changes = run(GuardRank0SideEffects, "print(trainer.evaluate())\ntrainer_stats = trainer.train()\ntrainer.push_to_hub()\n")
+    assert "ddp.is_main_process" not in code
+    assert changes == [(1, "left for all ranks: it calls trainer.evaluate(), which every rank must run")]
+
+
+def test_mixed_lines_existing_guards_and_rank0_cells_are_left_alone():
+    assert_unchanged(
+        GuardRank0SideEffects,
+        """\
+        x = 1; print(x)
+        if ddp.is_main_process:
+            print("once")
+            model.save_pretrained("lora_model")
+        ddp.barrier()
+        values = [print(v) for v in vs]
+        """,
+    )
+    assert_unchanged(GuardRank0SideEffects, 'print("hi")\n', tags={"rank0"})
+
+
+def test_an_existing_barrier_is_not_doubled():
+    assert_rewrites(
+        GuardRank0SideEffects,
+        'model.save_pretrained("m")\nddp.barrier()\n',
+        'if ddp.is_main_process:\n    model.save_pretrained("m")\nddp.barrier()\n',
+    )
