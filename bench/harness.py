@@ -188,6 +188,17 @@ def summarize_trial(trial, experiment, matmul, flops):
     return trial
 
 
+def peak_gib(trial):
+    """The largest rank's peak allocated memory (None without CUDA)."""
+    peaks = trial["peak_allocated_gib"]
+    return None if None in peaks else max(peaks)
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
 def summarize_experiment(experiment, trials):
     """Per-variant medians over trials and, per comparison, the ratio within each round and its median."""
     ok = [t for t in trials if t["status"] == "ok"]
@@ -201,7 +212,7 @@ def summarize_experiment(experiment, trials):
                 "tokens_per_s_per_trial": [t["tokens_per_s"]["median"] for t in mine],
                 "tokens_per_s_per_gpu_median": statistics.median(t["tokens_per_s_per_gpu"] for t in mine),
                 "mfu_median": statistics.median(t["mfu"] for t in mine),
-                "peak_allocated_gib_max_rank_median": statistics.median(max(t["peak_allocated_gib"]) for t in mine),
+                "peak_allocated_gib_max_rank_median": median_or_none(peak_gib(t) for t in mine),
                 "t_first_step_s_median": statistics.median(t["t_first_step_s"] for t in mine),
             }
 
@@ -210,7 +221,7 @@ def summarize_experiment(experiment, trials):
         values = {}
         for r in rounds:
             sample = [key(t) for t in ok if t["label"] == label and t["round"] == r]
-            if sample:
+            if sample and None not in sample:
                 values[r] = statistics.median(sample)
         return values
 
@@ -219,7 +230,7 @@ def summarize_experiment(experiment, trials):
         entry = {"numerator": numerator, "denominator": denominator}
         for name, key in (("tokens_per_s", lambda t: t["tokens_per_s"]["median"]),
                           ("tokens_per_s_per_gpu", lambda t: t["tokens_per_s_per_gpu"]),
-                          ("peak_allocated_gib", lambda t: max(t["peak_allocated_gib"]))):
+                          ("peak_allocated_gib", peak_gib)):
             a, b = per_round(numerator, key), per_round(denominator, key)
             shared = sorted(set(a) & set(b))
             entry[name] = paired_ratios([a[r] for r in shared], [b[r] for r in shared])
@@ -315,7 +326,7 @@ class Runner:
             self.durations[(experiment.name, trial["label"])] = trial["duration_s"]
             summarize_trial(trial, experiment, self.matmul, self.flops(experiment))
             print(f"[bench]   {trial['label']}: {trial['status']} {trial['duration_s']:.0f}s "
-                  + (f"{trial['tokens_per_s']['median']:.0f} tok/s, peak {max(trial['peak_allocated_gib']):.1f} GiB, "
+                  + (f"{trial['tokens_per_s']['median']:.0f} tok/s, peak {peak_gib(trial)} GiB, "
                      f"MFU {trial['mfu']:.3f}" if trial["status"] == "ok" else ""), flush=True)
         self.write(experiment)
 

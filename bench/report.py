@@ -37,7 +37,7 @@ def variant_table(result):
                    for t in trials if t["label"] == label and t["status"] == "ok"]
         rows.append(f"| {label} | {gpus} | {summary['trials']} | {fmt(summary['tokens_per_s_median'])}; "
                     f"{'; '.join(spreads)} | {fmt(summary['tokens_per_s_per_gpu_median'])} | "
-                    f"{summary['mfu_median']:.3f} | {summary['peak_allocated_gib_max_rank_median']:.1f} | "
+                    f"{summary['mfu_median']:.3f} | {fmt(summary['peak_allocated_gib_max_rank_median'], 1)} | "
                     f"{fmt(summary['t_first_step_s_median'], 1)} |")
     failed = [t["label"] for t in trials if t["status"] != "ok"]
     if failed:

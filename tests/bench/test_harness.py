@@ -86,3 +86,37 @@ def test_every_planned_experiment_is_consistent():
             assert {numerator, denominator} <= set(experiment.variants)
         if experiment.concurrent:
             assert len(experiment.order) == 2 and all(v.gpus == 1 for v in experiment.variants.values())
+
+
+
+@pytest.mark.e2e
+def test_runner_runs_rounds_and_writes_results_after_each_trial(tmp_path, monkeypatch, tiny_train_script):
+    import time
+
+    from bench import harness
+
+    monkeypatch.setitem(harness.SCRIPTS, "generated", str(tiny_train_script))
+    experiment = plan.Experiment(
+        name="toy", description="", shape="llama-1.1b", micro_batch=2, steps=4, warmup_steps=1,
+        variants={"one": plan.Variant("generated", 1, env={"OMP_NUM_THREADS": "1"}),
+                  "two": plan.Variant("generated", 2, env={"OMP_NUM_THREADS": "1"})},
+        order=("one", "two"), rounds=1, comparisons=(("two", "one"),))
+    runner = harness.Runner(tmp_path / "out", tmp_path / "work", time.time() + 240, {"llama-1.1b": "unused"},
+                            "unused", [{"median_flops_per_s": 1e12}] * 2, {"gpu_memory_gib": [139.0] * 2})
+    (tmp_path / "out").mkdir()
+    runner.run_round(experiment, 0)
+    result = json.loads((tmp_path / "out" / "toy.json").read_text())
+    assert [t["status"] for t in result["trials"]] == ["ok", "ok"], result["trials"]
+    assert [t["world_size"] for t in result["trials"]] == [1, 2]
+    assert "--nproc_per_node=2" in result["trials"][1]["command"]
+    assert result["summary"]["comparisons"][0]["tokens_per_s"]["per_pair"]  # one round, one ratio
+
+
+def test_runner_skips_a_trial_that_cannot_finish_before_the_deadline(tmp_path):
+    import time
+
+    from bench import harness
+
+    runner = harness.Runner(tmp_path, tmp_path, time.time() + 5, {}, "", [], {"gpu_memory_gib": [139.0]})
+    runner.run_batch(EXPERIMENT, 0, [("one", (0,))])  # the first 1.1B trial is expected to take far longer
+    assert runner.trials == {}

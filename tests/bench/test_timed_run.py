@@ -2,37 +2,15 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A stand-in for generated/train.py: transformers' Trainer on a tiny random Llama, fixed-length rows.
-TRAIN_SCRIPT = textwrap.dedent("""
-    import sys
-    import torch
-    from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
-
-    steps = int(sys.argv[sys.argv.index("--max_steps") + 1])
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=2))
-    ids = torch.randint(4, 64, (32, 16)).tolist()
-    data = Dataset.from_dict({"input_ids": ids, "labels": ids})
-    args = TrainingArguments(output_dir=sys.argv[sys.argv.index("--output_dir") + 1], max_steps=steps,
-                             per_device_train_batch_size=2, report_to="none", use_cpu=True, save_strategy="no")
-    Trainer(model=model, args=args, train_dataset=data).train()
-    print("script finished", __name__)
-""")
-
-
 @pytest.mark.e2e
-def test_timed_run_reports_every_step_of_an_unmodified_trainer_script(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN_SCRIPT)
+def test_timed_run_reports_every_step_of_an_unmodified_trainer_script(tmp_path, tiny_train_script):
+    script = tiny_train_script
     env = {**os.environ, "BENCH_RESULT_DIR": str(tmp_path / "result"), "BENCH_DDP_KWARGS": "{}"}
     done = subprocess.run([sys.executable, "bench/timed_run.py", str(script), "--max_steps", "5",
                            "--output_dir", str(tmp_path / "out")],
@@ -49,9 +27,8 @@ def test_timed_run_reports_every_step_of_an_unmodified_trainer_script(tmp_path):
 
 
 @pytest.mark.e2e
-def test_ddp_overrides_reach_the_distributed_wrapper_on_every_rank(tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN_SCRIPT)
+def test_ddp_overrides_reach_the_distributed_wrapper_on_every_rank(tmp_path, tiny_train_script):
+    script = tiny_train_script
     env = {**os.environ, "BENCH_RESULT_DIR": str(tmp_path / "result"), "OMP_NUM_THREADS": "1",
            "BENCH_DDP_KWARGS": json.dumps({"gradient_as_bucket_view": True, "bucket_cap_mb": 5})}
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
