@@ -34,7 +34,11 @@ def test_unsloth_inference_cell_runs_on_the_main_process_only():
         """,
     )
     assert changes == [
-        (2, "the cell generates text (FastLanguageModel.for_inference): it runs on the main process only, then ddp.barrier()")
+        (
+            2,
+            "the cell generates text (FastLanguageModel.for_inference): it runs on the main process only,"
+            " then ddp.barrier()",
+        )
     ]
 
 
@@ -55,13 +59,14 @@ def test_every_kind_of_generation_is_found(line):
 
 
 def test_generation_nested_in_a_loop_guards_the_whole_cell():
-    code, changes = run(GuardInferenceCell, "for prompt in prompts:\n    if prompt:\n        print(model.generate(prompt))\n")
+    before = "for prompt in prompts:\n    if prompt:\n        print(model.generate(prompt))\n"
+    code, changes = run(GuardInferenceCell, before)
     assert code.startswith("if ddp.is_main_process:\n    for prompt in prompts:\n")
     assert changes[0][0] == 3
 
 
 def test_cells_without_generation_or_tagged_are_left_alone():
-    assert_unchanged(GuardInferenceCell, 'pipe = pipeline("text-classification")\nmodel = FastLanguageModel.for_training(model)\n')
+    assert_unchanged(GuardInferenceCell, 'pipe = pipeline("text-classification")\nFastLanguageModel.for_training(model)\n')
     assert_unchanged(GuardInferenceCell, "out = model.generate(x)\n", tags={"rank0"})
     assert_unchanged(GuardInferenceCell, "out = model.generate(x)\n", tags={"main-process-first"})
 

@@ -45,7 +45,9 @@ def test_display_statements_are_guarded_without_a_barrier(statement):
     assert changes and all(line == 1 for line, _ in changes)
 
 
-@pytest.mark.parametrize("save", ['model.save_pretrained_merged("m", tokenizer, save_method="merged_16bit")', 'model.push_to_hub_gguf("me/m", tokenizer)'])
+@pytest.mark.parametrize(
+    "save", ['model.save_pretrained_merged("m", tokenizer, save_method="merged_16bit")', 'model.push_to_hub_gguf("me/m", t)']
+)
 def test_unsloth_saves_get_a_barrier(save):
     code, _ = run(GuardRank0SideEffects, f"{save}\n")
     assert code == f"if ddp.is_main_process:\n    {save}\nddp.barrier()\n"
@@ -91,7 +93,8 @@ def test_one_line_blocks_become_blocks():
 
 
 def test_collective_calls_stay_on_every_rank_with_a_note():
-    code, changes = run(GuardRank0SideEffects, "print(trainer.evaluate())\ntrainer_stats = trainer.train()\ntrainer.push_to_hub()\n")
+    before = "print(trainer.evaluate())\ntrainer_stats = trainer.train()\ntrainer.push_to_hub()\n"
+    code, changes = run(GuardRank0SideEffects, before)
     assert "ddp.is_main_process" not in code
     assert changes == [(1, "left for all ranks: it calls trainer.evaluate(), which every rank must run")]
 

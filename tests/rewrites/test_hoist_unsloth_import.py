@@ -25,7 +25,7 @@ def test_unsloth_import_moves_above_the_first_patched_import():
         x = 1
         """,
     )
-    assert changes == [(6, "moved the unsloth import above the first transformers/trl/peft import")]
+    assert changes == [(6, "moved the unsloth import above the first transformers/trl/peft one")]
 
 
 def test_every_late_unsloth_import_moves_in_order():

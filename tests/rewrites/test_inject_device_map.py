@@ -57,7 +57,10 @@ def test_splitting_device_maps_are_replaced(written):
         "model = AutoModelForCausalLM.from_pretrained(\n    name,\n    device_map=ddp.device_map(),  # fits?\n)\n",
     )
     assert changes == [
-        (3, f"replaced device_map={written} (splits the model across GPUs; under torchrun each rank must hold its own copy)")
+        (
+            3,
+            f"replaced device_map={written} (splits the model across GPUs; under torchrun each rank must hold its own copy)",
+        )
     ]
 
 

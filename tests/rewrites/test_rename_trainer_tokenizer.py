@@ -30,7 +30,8 @@ def test_sft_trainer_tokenizer_becomes_processing_class():
     assert changes == [(3, "tokenizer= -> processing_class= (TRL >= 0.12 and Transformers 5 removed tokenizer=)")]
 
 
-@pytest.mark.parametrize("trainer", ["Trainer", "transformers.Trainer", "trl.DPOTrainer", "GRPOTrainer", "UnslothTrainer"])
+@pytest.mark.parametrize("trainer", ["Trainer", "transformers.Trainer", "trl.DPOTrainer", "GRPOTrainer",
+                                     "UnslothTrainer"])
 def test_other_trainers_too(trainer):
     assert_rewrites(
         RenameTrainerTokenizer,

@@ -28,8 +28,8 @@ def test_alpaca_data_prep_runs_on_local_rank_0_first():
         """,
     )
     assert sorted(changes) == [
-        (5, "load_dataset() runs on local rank 0 first, then the other ranks reuse its cache"),
-        (6, "dataset.map() runs on local rank 0 first, then the other ranks reuse its cache"),
+        (5, "load_dataset() runs on local rank 0 first; the other ranks reuse its cache"),
+        (6, "dataset.map() runs on local rank 0 first; the other ranks reuse its cache"),
         (6, "num_proc=4 -> ddp.cap_num_proc(4) (every rank starts its own workers)"),
     ]
 

@@ -2,7 +2,9 @@ from rewrite_case import assert_rewrites, assert_unchanged, run
 
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 
-DDP_ADDED = "added ddp_find_unused_parameters=False, average_tokens_across_devices=True, ddp_timeout=7200 (settings for DDP)"
+DDP_ADDED = (
+    "added ddp_find_unused_parameters=False, average_tokens_across_devices=True, ddp_timeout=7200 (settings for DDP)"
+)
 
 
 def test_unsloth_training_arguments():

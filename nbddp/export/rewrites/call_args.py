@@ -1,4 +1,4 @@
-"""Reading and editing the arguments of a call while keeping the author's layout (one per line, trailing comma, comments)."""
+"""Reading and editing a call's arguments, keeping the author's layout (one per line, trailing comma, comments)."""
 import ast
 
 import libcst as cst

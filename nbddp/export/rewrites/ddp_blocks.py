@@ -11,12 +11,16 @@ A collective call (every rank must make it, or all of them hang) must never end 
 import libcst as cst
 import libcst.matchers as m
 
-from nbddp.export.rewrites.call_args import callee_name, receiver_name
+from nbddp.export.rewrites.call_args import callee_name, keyword, receiver_name, set_keyword_value
 
 IS_MAIN_PROCESS = m.Attribute(value=m.Name("ddp"), attr=m.Name("is_main_process"))
 MAIN_PROCESS_ONLY = m.If(test=IS_MAIN_PROCESS)
-MAIN_PROCESS_FIRST = m.With(items=[m.WithItem(item=m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("main_process_first"))))])
-BARRIER = m.SimpleStatementLine(body=[m.Expr(value=m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("barrier"))))])
+MAIN_PROCESS_FIRST = m.With(
+    items=[m.WithItem(item=m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("main_process_first"))))]
+)
+BARRIER = m.SimpleStatementLine(
+    body=[m.Expr(value=m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("barrier"))))]
+)
 
 TRAINER_COLLECTIVES = {"train", "evaluate", "predict", "save_model"}
 DDP_COLLECTIVES = {"barrier", "main_process_first", "shutdown"}
@@ -61,6 +65,11 @@ def ddp_call(attribute: str, value: cst.BaseExpression) -> cst.Call:
 
 def is_ddp_call(node: cst.BaseExpression, attribute: str) -> bool:
     return m.matches(node, m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name(attribute))))
+
+
+def wrap_keyword(call: cst.Call, name: str, attribute: str) -> cst.Call:
+    """`call` with its `name=value` argument turned into `name=ddp.<attribute>(value)`."""
+    return set_keyword_value(call, name, ddp_call(attribute, keyword(call, name).value))
 
 
 def barrier() -> cst.SimpleStatementLine:

@@ -73,5 +73,7 @@ class GuardInferenceCell(Rewrite):
                 " left for all ranks (put the generation in a cell of its own to run it on the main process only)",
             )
             return updated_node
-        self.record(first, f"the cell generates text ({code_of(first.func)}): it runs on the main process only, then ddp.barrier()")
+        generation = code_of(first.func)
+        message = f"the cell generates text ({generation}): it runs on the main process only, then ddp.barrier()"
+        self.record(first, message)
         return rank0_block(updated_node)

@@ -16,15 +16,23 @@ import libcst.matchers as m
 
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import callee_name, code_of, receiver_name
-from nbddp.export.rewrites.ddp_blocks import BARRIER, MAIN_PROCESS_ONLY, barrier, collective_calls, indented, main_process_only
+from nbddp.export.rewrites.ddp_blocks import (
+    BARRIER,
+    MAIN_PROCESS_ONLY,
+    barrier,
+    collective_calls,
+    indented,
+    main_process_only,
+)
 
 DISPLAY_FUNCTIONS = {"print", "pprint", "display"}
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub")
 
 
 def is_save(call: cst.Call) -> bool:
-    name = callee_name(call) or ""
-    return isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES) and "trainer" not in (receiver_name(call) or "").lower()
+    """`model.save_pretrained*(...)`, `tokenizer.push_to_hub*(...)`; not the trainer's, which handles ranks itself."""
+    name, receiver = callee_name(call) or "", receiver_name(call) or ""
+    return isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES) and "trainer" not in receiver.lower()
 
 
 def has_side_effect(call: cst.Call) -> bool:
@@ -93,7 +101,8 @@ class GuardRank0SideEffects(Rewrite):
         for small in smalls:
             collectives = collective_calls(small)
             if collectives and any(has_side_effect(call) for call in m.findall(small, m.Call())):
-                self.record(small, f"left for all ranks: it calls {code_of(collectives[0].func)}(), which every rank must run")
+                collective = code_of(collectives[0].func)
+                self.record(small, f"left for all ranks: it calls {collective}(), which every rank must run")
 
     def leave_IndentedBlock(self, original_node, updated_node):
         self._block_depth -= 1

@@ -53,7 +53,7 @@ class HoistUnslothImport(Rewrite):
         if not late:
             return updated_node
         for index in late:
-            self.record(original_node.body[index], "moved the unsloth import above the first transformers/trl/peft import")
+            self.record(original_node.body[index], "moved the unsloth import above the first transformers/trl/peft one")
         target = body[first_patched]
         moved = [body[index] for index in late]
         # The comments above the first patched import now sit above the unsloth import.

@@ -47,7 +47,7 @@ def _on_first_gpu(value) -> bool:
 
 class InjectDeviceMap(Rewrite):
     NAME = "inject-device-map"
-    DESCRIPTION = "Model loaders get device_map=ddp.device_map(), so that each rank loads the whole model on its own GPU."
+    DESCRIPTION = "Model loaders get device_map=ddp.device_map(): each rank loads the whole model on its own GPU."
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if not is_model_loader(original_node):
@@ -67,7 +67,11 @@ class InjectDeviceMap(Rewrite):
         elif _on_first_gpu(value):
             reason = "puts every rank on GPU 0; each rank must use its own GPU"
         else:
-            self.record(given, f"left {written} as written; under torchrun each rank needs the whole model on its own GPU, as ddp.device_map() gives")
+            self.record(
+                given,
+                f"left {written} as written; under torchrun each rank needs the whole model on its own GPU,"
+                " as ddp.device_map() gives",
+            )
             return updated_node
         self.record(given, f"replaced {written} ({reason})")
         return set_keyword_value(updated_node, "device_map", cst.parse_expression("ddp.device_map()"))

@@ -34,11 +34,9 @@ class RenameTrainerTokenizer(Rewrite):
         if given is None:
             return updated_node
         if keyword(original_node, "processing_class") is not None:
-            self.fail(given, "the trainer gets both tokenizer= and processing_class=", hint="keep processing_class= only")
+            self.fail(given, "the trainer gets both tokenizer= and processing_class=", hint="keep processing_class=")
         self.record(given, "tokenizer= -> processing_class= (TRL >= 0.12 and Transformers 5 removed tokenizer=)")
+        renamed = keyword(updated_node, "tokenizer").with_changes(keyword=cst.Name("processing_class"))
         return updated_node.with_changes(
-            args=[
-                arg.with_changes(keyword=cst.Name("processing_class")) if arg.keyword and arg.keyword.value == "tokenizer" else arg
-                for arg in updated_node.args
-            ]
+            args=[renamed if arg is keyword(updated_node, "tokenizer") else arg for arg in updated_node.args]
         )

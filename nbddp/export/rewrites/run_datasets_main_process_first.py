@@ -21,8 +21,14 @@ import libcst as cst
 import libcst.matchers as m
 
 from nbddp.export.rewrites.base import Rewrite
-from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, receiver_name, set_keyword_value
-from nbddp.export.rewrites.ddp_blocks import MAIN_PROCESS_FIRST, MAIN_PROCESS_ONLY, ddp_call, is_ddp_call, main_process_first
+from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, receiver_name
+from nbddp.export.rewrites.ddp_blocks import (
+    MAIN_PROCESS_FIRST,
+    MAIN_PROCESS_ONLY,
+    is_ddp_call,
+    main_process_first,
+    wrap_keyword,
+)
 
 DATASET_CLASSES = {"Dataset", "DatasetDict", "IterableDataset", "IterableDatasetDict"}
 SKIPPED_TAGS = {"rank0", "main-process-first"}  # whole cell already on one rank, or already wrapped
@@ -45,7 +51,7 @@ def dataset_calls(node: cst.CSTNode) -> list[cst.Call]:
 
 class RunDatasetsMainProcessFirst(Rewrite):
     NAME = "run-datasets-main-process-first"
-    DESCRIPTION = "Load and map datasets on local rank 0 first (with ddp.main_process_first()), so the other ranks reuse its cache."
+    DESCRIPTION = "Load and map datasets on local rank 0 first (ddp.main_process_first()); the others reuse its cache."
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -89,7 +95,7 @@ class RunDatasetsMainProcessFirst(Rewrite):
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if self._not_every_rank == 0:
             for call in dataset_calls(node):
-                self.record(call, f"{code_of(call.func)}() runs on local rank 0 first, then the other ranks reuse its cache")
+                self.record(call, f"{code_of(call.func)}() runs on local rank 0 first; the other ranks reuse its cache")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         given = keyword(original_node, "num_proc")
@@ -97,7 +103,7 @@ class RunDatasetsMainProcessFirst(Rewrite):
             return updated_node
         written = code_of(given.value)
         self.record(given, f"num_proc={written} -> ddp.cap_num_proc({written}) (every rank starts its own workers)")
-        return set_keyword_value(updated_node, "num_proc", ddp_call("cap_num_proc", keyword(updated_node, "num_proc").value))
+        return wrap_keyword(updated_node, "num_proc", "cap_num_proc")
 
     def leave_IndentedBlock(self, original_node, updated_node):
         if self._not_every_rank:

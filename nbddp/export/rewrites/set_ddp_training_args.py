@@ -25,12 +25,20 @@ from nbddp.export.rewrites.call_args import (
     has_double_star,
     keyword,
     literal_value,
-    set_keyword_value,
 )
-from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call
+from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call, wrap_keyword
 
 TRANSFORMERS_ARGUMENTS = {"TrainingArguments", "Seq2SeqTrainingArguments"}
-TRL_CONFIGS = {"SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig", "ORPOConfig", "CPOConfig", "UnslothTrainingArguments"}
+TRL_CONFIGS = {
+    "SFTConfig",
+    "DPOConfig",
+    "GRPOConfig",
+    "KTOConfig",
+    "RewardConfig",
+    "ORPOConfig",
+    "CPOConfig",
+    "UnslothTrainingArguments",
+}
 DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True", "ddp_timeout": "7200"}
 
 
@@ -74,10 +82,12 @@ class SetDdpTrainingArgs(Rewrite):
         for arg in filter(None, given):
             if not is_ddp_call(arg.value, "gpu_only"):
                 name = arg.keyword.value
-                self.record(arg, f"{name}={code_of(arg.value)} -> {name}=ddp.gpu_only(...) (mixed precision needs a GPU)")
-                updated_node = set_keyword_value(updated_node, name, ddp_call("gpu_only", keyword(updated_node, name).value))
+                written = code_of(arg.value)
+                self.record(arg, f"{name}={written} -> {name}=ddp.gpu_only(...) (mixed precision needs a GPU)")
+                updated_node = wrap_keyword(updated_node, name, "gpu_only")
         if trl and given == [None, None] and not has_double_star(original_node):
-            self.record(original_node, "added bf16=ddp.gpu_only(True) (TRL turns bf16 on by default; the trainer refuses it on CPU)")
+            reason = "TRL turns bf16 on by default; the trainer refuses it on CPU"
+            self.record(original_node, f"added bf16=ddp.gpu_only(True) ({reason})")
             updated_node = append_keyword(updated_node, "bf16", ddp_call("gpu_only", cst.Name("True")))
         return updated_node
 
@@ -87,13 +97,13 @@ class SetDdpTrainingArgs(Rewrite):
             return updated_node
         written = code_of(given.value)
         self.record(given, f"optim={written} -> ddp.optimizer({written}) (bitsandbytes optimizers need a GPU)")
-        return set_keyword_value(updated_node, "optim", ddp_call("optimizer", keyword(updated_node, "optim").value))
+        return wrap_keyword(updated_node, "optim", "optimizer")
 
     def _cap_dataset_num_proc(self, original_node, updated_node):
         given = keyword(original_node, "dataset_num_proc")
         if given is None or is_ddp_call(given.value, "cap_num_proc") or literal_value(given.value) is None:
             return updated_node
         written = code_of(given.value)
-        self.record(given, f"dataset_num_proc={written} -> ddp.cap_num_proc({written}) (every rank starts its own workers)")
-        value = keyword(updated_node, "dataset_num_proc").value
-        return set_keyword_value(updated_node, "dataset_num_proc", ddp_call("cap_num_proc", value))
+        reason = "every rank starts its own workers"
+        self.record(given, f"dataset_num_proc={written} -> ddp.cap_num_proc({written}) ({reason})")
+        return wrap_keyword(updated_node, "dataset_num_proc", "cap_num_proc")
