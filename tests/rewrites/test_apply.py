@@ -1,3 +1,5 @@
+import pytest
+
 from nbddp.export.rewrites import apply
 from nbddp.export.rewrites.base import CellLocation, ExportContext
 
@@ -232,6 +234,11 @@ def test_applying_twice_changes_nothing_more():
     for number, (code, _) in enumerate(export_alpaca(), start=1):
         again, _ = apply(code, CellLocation("notebooks/alpaca.ipynb", number), ExportContext())
         assert again == code
+
+
+@pytest.mark.parametrize("cell", ["", "\n", "# only a comment"])
+def test_cells_without_code_come_back_as_they_are(cell):
+    assert apply(cell, LOCATION, ExportContext()) == (cell, [])
 
 
 def test_changes_after_lines_a_rewrite_added_keep_the_authors_line_numbers():

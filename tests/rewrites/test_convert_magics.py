@@ -133,6 +133,13 @@ def test_leading_blank_lines_are_kept():
     assert changes == [(3, "dropped `%matplotlib inline` (interactive only)")]
 
 
+@pytest.mark.parametrize("cell", ["%matplotlib inline", "%%capture\nx = 1", "\n%%capture\n"])
+def test_a_missing_or_present_final_newline_is_kept(cell):
+    code, _ = convert(cell)
+    assert code.endswith("\n") == cell.endswith("\n")
+    assert len(code.splitlines()) == len(cell.splitlines())
+
+
 def test_env_sets_os_environ_and_imports_os_once():
     code, changes = convert(
         """\

@@ -65,6 +65,10 @@ def test_generation_nested_in_a_loop_guards_the_whole_cell():
     assert changes[0][0] == 3
 
 
+def test_generation_inside_a_function_the_cell_defines_does_not_count():
+    assert_unchanged(GuardInferenceCell, "def ask(question):\n    return model.generate(question)\nx = lambda q: model.generate(q)\n")
+
+
 def test_cells_without_generation_or_tagged_are_left_alone():
     assert_unchanged(GuardInferenceCell, 'pipe = pipeline("text-classification")\nFastLanguageModel.for_training(model)\n')
     assert_unchanged(GuardInferenceCell, "out = model.generate(x)\n", tags={"rank0"})

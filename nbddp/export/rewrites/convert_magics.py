@@ -200,6 +200,7 @@ class ConvertMagics(Rewrite):
         return converted.with_changes(
             header=[*module.header, magic_comment, *converted.header],
             footer=[*converted.footer, *module.footer],
+            has_trailing_newline=module.has_trailing_newline,  # IPython ends the body with a newline
         )
 
     # Line magics and shell escapes, one statement each.

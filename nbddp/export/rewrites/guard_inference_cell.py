@@ -7,7 +7,9 @@ times). A cell generates text when it calls `*.generate(...)`, `FastLanguageMode
 `ddp.barrier()` (`rank0_block`, which the export also uses for cells tagged `rank0`).
 
 A cell that also makes a collective call (`trainer.train()`, `ddp.barrier()`, ...) is left for all
-ranks with a note: guarding it would leave the other ranks waiting forever.
+ranks with a note: guarding it would leave the other ranks waiting forever. Generation inside a
+function the cell only defines does not count. Names the wrapped cell assigns exist on the main
+process only; a later cell that needs them on every rank must not read them.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -39,7 +41,8 @@ def generates_text(call: cst.Call) -> bool:
 
 
 class _GenerationFinder(cst.CSTVisitor):
-    """Text-generating calls that are not already under `if ddp.is_main_process:`."""
+    """Text-generating calls that the cell makes when it runs: not those inside a function or class it
+    only defines, nor those already under `if ddp.is_main_process:`."""
 
     def __init__(self):
         super().__init__()
@@ -47,6 +50,15 @@ class _GenerationFinder(cst.CSTVisitor):
 
     def visit_If(self, node: cst.If) -> bool:
         return not m.matches(node, MAIN_PROCESS_ONLY)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
 
     def visit_Call(self, node: cst.Call) -> None:
         if generates_text(node):
