@@ -234,3 +234,9 @@ def test_to_python_keeps_line_numbers_of_line_magics():
     source = "\n!pip install a \\\n  b \\\n  c\n%pip install d\nx = 1\n"
     assert len(to_python(source).splitlines()) == len(source.splitlines())
     assert to_python(source).splitlines()[5] == "x = 1"
+
+
+def test_get_ipython_calls_written_by_hand_are_errors_too():
+    error = convert_error("x = 1\nget_ipython().run_line_magic('matplotlib', style)\n")
+    assert error.line == 2
+    assert "has no equivalent in a script" in error.message

@@ -32,7 +32,19 @@ NOTEBOOK_ONLY_HINT = "tag the cell notebook-only to leave it out of the script"
 DROPPED = "# nbddp: dropped "
 
 GET_IPYTHON_CALL = m.Call(func=m.Attribute(value=m.Call(func=m.Name("get_ipython")), attr=m.Name()))
-MAGIC_LINE = m.SimpleStatementLine(body=[m.Expr(value=GET_IPYTHON_CALL)])
+
+
+def _ipython_call(method: str, strings: int) -> m.Call:
+    return m.Call(
+        func=m.Attribute(value=m.Call(func=m.Name("get_ipython")), attr=m.Name(method)),
+        args=[m.Arg(m.SimpleString())] * strings,
+    )
+
+
+# What IPython writes for a magic on a line of its own.
+MAGIC_LINE = m.SimpleStatementLine(
+    body=[m.Expr(_ipython_call("system", 1) | _ipython_call("run_line_magic", 2) | _ipython_call("run_cell_magic", 3))]
+)
 OS_IMPORT = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("os"), asname=None)])])
 
 PACKAGE_MAGICS = {"pip", "uv", "conda", "mamba", "micromamba"}
@@ -225,7 +237,7 @@ class ConvertMagics(Rewrite):
                 f"shell command `{text}` cannot run in the script",
                 hint=NOTEBOOK_ONLY_HINT + ", or call it from Python with subprocess.run",
             )
-        if method != "run_line_magic":
+        if method == "run_cell_magic":  # not the whole cell: written by hand
             self.fail(call, f"`{text}` has no equivalent in a script", hint=NOTEBOOK_ONLY_HINT)
         name, args = (arg.value.evaluated_value for arg in call.args)
         return self._convert_line_magic(original_node, call, name, args.strip(), text)
