@@ -10,6 +10,7 @@ from nbddp.export.notebooks import SourceCell
 from nbddp.export.parameters import MergedParameters
 from nbddp.export.report import CellNote
 from nbddp.export.rewrites.base import ExportContext
+from nbddp.export.rewrites.ddp_blocks import main_process_first_block, rank0_block
 from nbddp.export.sourcemap import align_origins
 from nbddp.export.syntax import check_syntax
 
@@ -66,18 +67,6 @@ def title(cell: SourceCell) -> str:
     return f"{Path(cell.location.notebook).name} cell {cell.location.cell}"
 
 
-def rank0_block(module: cst.Module) -> cst.Module:
-    """`if ddp.is_main_process:` + the module's code, then `ddp.barrier()` so the other ranks wait for it."""
-    guard = cst.If(test=cst.parse_expression("ddp.is_main_process"), body=_block(module))
-    return module.with_changes(body=[guard, cst.parse_statement("ddp.barrier()\n")], footer=[])
-
-
-def main_process_first_block(module: cst.Module) -> cst.Module:
-    """`with ddp.main_process_first():` + the module's code: local rank 0 runs it first, then the others."""
-    item = cst.WithItem(cst.parse_expression("ddp.main_process_first()"))
-    return module.with_changes(body=[cst.With(items=[item], body=_block(module))], footer=[])
-
-
 def parameters_cell(parameters: MergedParameters) -> GeneratedCell:
     return GeneratedCell("code", parameters.source, parameters.origin, tags=("parameters",))
 
@@ -93,16 +82,6 @@ def setup_cell(defined_in: dict) -> GeneratedCell:
 
 def teardown_cell() -> GeneratedCell:
     return GeneratedCell("code", "ddp.shutdown()", [None], "nbddp teardown")
-
-
-def _block(module: cst.Module) -> cst.IndentedBlock:
-    """The module's statements and closing comments as an indented block; blank lines stay blank."""
-    return cst.IndentedBlock(body=module.body, footer=module.footer).visit(_UnindentBlankLines())
-
-
-class _UnindentBlankLines(cst.CSTTransformer):
-    def leave_EmptyLine(self, original_node, updated_node):
-        return updated_node if updated_node.comment else updated_node.with_changes(indent=False)
 
 
 def _without_blank_edges(text: str) -> str:
