@@ -86,7 +86,8 @@ def render_html(executed, html):
     """An HTML rendering of the executed notebook, for reading the run in a browser."""
     from nbconvert import HTMLExporter  # slow to import; only needed once a notebook ran
 
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4))
+    resources = {"metadata": {"name": Path(executed).stem}}  # the page title
+    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4), resources=resources)
     files.write_text(html, body)
 
 

@@ -1,0 +1,24 @@
+"""Fixture scripts shaped like generated/train.py, copied into a scratch working directory per test."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A scratch working directory holding copies of the fixture scripts (and the failing one's source map)."""
+    for path in FIXTURES.iterdir():
+        shutil.copy(path, tmp_path / path.name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def metric_lines(path):
+    """The per-step records of a metrics.jsonl."""
+    import json
+
+    return [record for record in map(json.loads, Path(path).read_text().splitlines()) if "event" not in record]

@@ -1,0 +1,77 @@
+import sys
+
+import pytest
+
+from nbddp.errors import UsageError
+from nbddp.orchestration import launch
+from nbddp.orchestration.launch import LaunchOptions, plan_launch
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def test_one_node_uses_a_standalone_rendezvous():
+    plan = plan_launch("generated/train.py", ["--max_steps", "3"], LaunchOptions("4"), environ={})
+    assert plan.command == TORCHRUN + ["--standalone", "--nnodes", "1", "--nproc-per-node", "4",
+                                       "generated/train.py", "--max_steps", "3"]
+
+
+def test_several_nodes_meet_at_a_c10d_endpoint():
+    options = LaunchOptions("8", nnodes=2, node_rank=1, rdzv_endpoint="head:29500", rdzv_id="job7")
+    plan = plan_launch("generated/train.py", [], options, log_dir="runs/x/logs", environ={})
+    assert plan.command == TORCHRUN + [
+        "--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "head:29500",
+        "--rdzv-id", "job7", "--nproc-per-node", "8", "--log-dir", "runs/x/logs", "--tee", "3", "generated/train.py"]
+
+
+def test_auto_is_one_process_per_gpu_or_two_on_cpu():
+    assert LaunchOptions().processes({"CUDA_VISIBLE_DEVICES": "0,1,2"}) == 3
+    assert LaunchOptions().processes({"CUDA_VISIBLE_DEVICES": ""}) == launch.CPU_PROCESSES == 2
+
+
+def test_environment_defaults_never_override_the_users(monkeypatch):
+    monkeypatch.setattr(launch, "_cpu_count", lambda: 16)
+    additions = launch.env_additions(4, {"NBDDP_TIMEOUT_S": "60"})
+    assert additions == {"OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert launch.env_additions(32, {})["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(nproc="0"), "--nproc-per-node 0"),
+    (dict(nproc="many"), "--nproc-per-node many"),
+    (dict(nnodes=2), "--nnodes 2: several nodes need --rdzv-endpoint"),
+    (dict(nnodes=2, rdzv_endpoint="head"), "--rdzv-endpoint head: expected HOST:PORT"),
+    (dict(nnodes=2, rdzv_endpoint="head:1", node_rank=2), "--node-rank 2: expected 0..1"),
+])
+def test_bad_options_name_the_flag(options, message):
+    with pytest.raises(UsageError, match=message):
+        LaunchOptions(**options)
+
+
+def test_dry_run_prints_a_pasteable_line_and_runs_nothing(capsys, monkeypatch):
+    monkeypatch.setattr(launch, "execute", lambda plan: pytest.fail("a dry run must not start torchrun"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert launch.launch("missing/train.py", ["--name", "a b"], LaunchOptions("2"), dry_run=True) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("would run: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 NBDDP_TIMEOUT_S=1800 ")
+    assert line.endswith("--nproc-per-node 2 missing/train.py --name 'a b'")
+
+
+def test_a_missing_script_is_a_usage_error():
+    with pytest.raises(UsageError, match="--script missing/train.py: no such file"):
+        launch.launch("missing/train.py", options=LaunchOptions("1"))
+
+
+@pytest.mark.e2e
+def test_two_cpu_processes_all_reduce_over_gloo(workdir):
+    status = launch.launch("allreduce.py", [str(workdir / "sum.txt")], LaunchOptions("2"), log_dir=workdir / "logs")
+    assert status == 0
+    world, total, threads = (workdir / "sum.txt").read_text().split()
+    assert (world, total) == ("2", "3")  # ranks 0 and 1 added 1 and 2
+    assert int(threads) >= 1
+    assert len(list((workdir / "logs").rglob("stdout.log"))) == 2  # one log per rank
+
+
+@pytest.mark.e2e
+def test_torchrun_status_comes_back(workdir):
+    # allreduce.py without its output argument fails on rank 0 with IndexError.
+    assert launch.launch("allreduce.py", [], LaunchOptions("2")) != 0

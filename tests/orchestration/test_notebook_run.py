@@ -1,0 +1,45 @@
+import sys
+import textwrap
+
+import pytest
+import yaml
+
+from nbddp.orchestration import notebook_run
+from nbddp.orchestration.notebook_run import NotebookRunFailed, papermill_command, run_notebook, to_notebook
+
+
+def test_a_script_without_kernelspec_gets_python3(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text('# %% tags=["parameters"]\nrows = 1\n')
+    assert to_notebook(script).metadata.kernelspec["name"] == "python3"
+
+
+def test_parameters_reach_papermill_as_yaml_that_keeps_their_types(tmp_path):
+    command = papermill_command(tmp_path / "in.ipynb", tmp_path / "out.ipynb", {"lr": 1e-5, "name": "2024-01-01"},
+                                tmp_path, timeout=30, progress=False)
+    assert command[:3] == [sys.executable, "-m", "papermill"]
+    injected = yaml.safe_load(command[command.index("-y") + 1])
+    assert injected == {"lr": 1e-5, "name": "2024-01-01"} and isinstance(injected["lr"], float)
+    assert command[command.index("--execution-timeout") + 1] == "30"
+
+
+@pytest.mark.e2e
+def test_a_cell_past_the_timeout_is_reported_as_such(workdir):
+    script = workdir / "slow.py"
+    script.write_text(textwrap.dedent('''\
+        # %% tags=["parameters"]
+        seconds = 60
+
+        # %%
+        import time
+        time.sleep(seconds)
+    '''))
+    with pytest.raises(NotebookRunFailed, match="per-cell timeout of 2 s") as error:
+        run_notebook(to_notebook(script), script, {}, workdir, "", timeout=2, progress=False)
+    assert (error.value.cell, error.value.line, error.value.exit_status) == (2, 2, 1)
+    assert (workdir / "slow.html").exists()
+
+
+def test_dead_kernel_wording():
+    failure = notebook_run.cell_failure.CellFailure(3, None, "DeadKernelError", "the kernel died", 1.0)
+    assert "kernel died" in notebook_run._describe(failure, notebook_run.DEAD_KERNEL_STATUS, None)

@@ -1,0 +1,114 @@
+import textwrap
+
+import jupytext
+import pytest
+
+from nbddp.errors import NotebookError, UsageError
+from nbddp.orchestration import parameters
+
+SCRIPT = textwrap.dedent('''\
+    # %% [markdown]
+    # A generated script
+
+    # %% tags=["parameters"]
+    # 01_data.ipynb
+    rows = 2000  # comment kept
+    lr: float = 2e-4
+    packing = False
+    name = "tiny"
+    layers = [1, 2]
+    extra = {"a": 1}
+    cap = None
+
+    # %%
+    print(rows)
+''')
+
+
+@pytest.fixture
+def defaults():
+    return parameters.read_defaults(jupytext.reads(SCRIPT, fmt="py:percent"), "generated/train.py")
+
+
+def test_defaults_are_the_literals_of_the_parameters_cell(defaults):
+    assert defaults == {"rows": 2000, "lr": 2e-4, "packing": False, "name": "tiny", "layers": [1, 2],
+                        "extra": {"a": 1}, "cap": None}
+
+
+def test_a_script_without_a_parameters_cell_is_a_notebook_error():
+    notebook = jupytext.reads("# %%\nrows = 1\n", fmt="py:percent")
+    with pytest.raises(NotebookError, match="no cell is tagged `parameters`"):
+        parameters.read_defaults(notebook, "generated/train.py")
+
+
+def test_a_computed_default_is_an_error_at_its_cell_and_line():
+    notebook = jupytext.reads('# %% [markdown]\n# x\n\n# %% tags=["parameters"]\nrows = 1\nsteps = rows * 2\n',
+                              fmt="py:percent")
+    with pytest.raises(NotebookError) as error:
+        parameters.read_defaults(notebook, "generated/train.py")
+    assert (error.value.cell, error.value.line) == (2, 2)
+
+
+@pytest.mark.parametrize("name, text, expected", [
+    ("rows", "3", 3),
+    ("lr", "1e-5", 1e-5),
+    ("lr", "1", 1.0),
+    ("packing", "true", True),
+    ("packing", "No", False),
+    ("name", "3", "3"),
+    ("layers", "[4, 5]", [4, 5]),
+    ("extra", "{b: 2}", {"b": 2}),
+    ("cap", "7", 7),
+    ("cap", "null", None),
+])
+def test_flag_text_is_typed_like_the_default(defaults, name, text, expected):
+    value = parameters.resolve(defaults, flag_values=[(name, text)])[name]
+    assert value == expected and type(value) is type(expected)
+
+
+@pytest.mark.parametrize("name, text, expected_type", [
+    ("rows", "3.5", "int"),
+    ("lr", "fast", "float"),
+    ("packing", "maybe", "bool"),
+    ("layers", "{a: 1}", "list"),
+])
+def test_a_bad_value_names_the_flag_and_the_expected_type(defaults, name, text, expected_type):
+    with pytest.raises(UsageError, match=rf"-p {name} .*expected {expected_type}"):
+        parameters.resolve(defaults, flag_values=[(name, text)])
+
+
+def test_an_unknown_parameter_is_named(defaults):
+    with pytest.raises(UsageError, match="unknown parameter `max_step`"):
+        parameters.resolve(defaults, flag_values=[("max_step", "3")])
+
+
+def test_file_values_are_checked_and_flags_win_over_them(defaults, tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("rows: 10\nlr: 1\nname: big\n")
+    file_values = parameters.load_parameter_file(path)
+    resolved = parameters.resolve(defaults, file_values, [("rows", "20")], file_label=f"-f {path}")
+    assert resolved == {"rows": 20, "lr": 1.0, "name": "big"}
+    assert type(resolved["lr"]) is float
+
+
+def test_a_wrongly_typed_file_value_names_the_file_and_parameter(defaults, tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("packing: 1\n")
+    with pytest.raises(UsageError, match=r"params.yaml: packing: expected bool"):
+        parameters.resolve(defaults, parameters.load_parameter_file(path), file_label=f"-f {path}")
+
+
+def test_a_parameter_file_must_be_a_mapping(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("- rows\n")
+    with pytest.raises(UsageError, match="expected a mapping"):
+        parameters.load_parameter_file(path)
+    with pytest.raises(UsageError, match="-f .*missing.yaml"):
+        parameters.load_parameter_file(tmp_path / "missing.yaml")
+
+
+def test_script_flags_are_text_the_runtime_parses_back(defaults):
+    overrides = {"rows": 3, "lr": 1e-5, "packing": True, "name": "x y", "layers": [1], "cap": None}
+    flags = parameters.as_script_flags(overrides)
+    assert flags == ["--rows", "3", "--lr", "1e-05", "--packing", "true", "--name", "x y", "--layers", "[1]",
+                     "--cap", "None"]

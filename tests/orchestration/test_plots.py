@@ -1,0 +1,17 @@
+from nbddp.orchestration.plots import plot_loss_panels
+
+
+def png_size(path):
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        return image.size
+
+
+def test_one_png_with_a_panel_per_case(tmp_path):
+    one = plot_loss_panels([("a", {"now": [(1, 2.0), (2, 1.0)]})], tmp_path / "one.png")
+    panels = [("a", {"baseline": [(1, 2.0), (2, 1.0)], "now": [(1, 2.1), (2, 0.9)]}), ("b", {"now": [], "x": [(1, 1)]})]
+    two = plot_loss_panels(panels, tmp_path / "two.png")
+    assert png_size(two)[1] > png_size(one)[1]  # panels stack vertically
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["one.png", "two.png"]

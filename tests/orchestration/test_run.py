@@ -1,0 +1,80 @@
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+import nbddp.export
+from nbddp.errors import NbddpError
+from nbddp.orchestration import launch, run as run_module
+from nbddp.orchestration.launch import LaunchOptions
+from nbddp.orchestration.notebook_run import NotebookRunFailed
+from nbddp.orchestration.run import LaunchFailed, run, summarise
+
+from .conftest import metric_lines
+
+
+@pytest.fixture
+def fresh_export(monkeypatch):
+    """The fixture scripts have no notebooks to be fresh against; the check itself is tested below."""
+    monkeypatch.setattr(run_module, "check_export_fresh", lambda script: None)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Record torchrun launches instead of running them."""
+    calls = []
+    monkeypatch.setattr(launch, "execute", lambda plan: calls.append(plan) or 0)
+    return calls
+
+
+def test_a_stale_export_stops_the_run_before_anything_runs(workdir, monkeypatch, launches):
+    stale = SimpleNamespace(stale=["generated/train.py differs from what export writes"])
+    monkeypatch.setattr(nbddp.export, "export", lambda out, check: stale)
+    with pytest.raises(NbddpError, match="out of date:\n  generated/train.py differs.*\n  hint: run `python pipeline.py export`"):
+        run("train_fixture.py")
+    assert launches == [] and not (workdir / "runs").exists()
+
+
+@pytest.mark.e2e
+def test_a_failed_smoke_never_starts_torchrun(workdir, fresh_export, launches):
+    with pytest.raises(NotebookRunFailed, match="notebooks/01_prep.ipynb, cell 5, line 4: IndexError"):
+        run("train_failing.py", options=LaunchOptions("2"), device="cpu")
+    assert launches == []
+
+
+@pytest.mark.e2e
+def test_torchrun_failure_becomes_the_exit_status(workdir, fresh_export, monkeypatch):
+    monkeypatch.setattr(launch, "execute", lambda plan: 3)
+    with pytest.raises(LaunchFailed) as error:
+        run("train_fixture.py", options=LaunchOptions("2"), device="cpu")
+    assert error.value.exit_status == 3
+
+
+@pytest.mark.e2e
+def test_smoke_then_two_processes_then_a_summary(workdir, fresh_export, capsys):
+    summary = run("train_fixture.py", flags=[("learning_rate", "0.2")], options=LaunchOptions("2"), device="cpu")
+    run_dir = next((workdir / "runs").iterdir())
+    assert len(metric_lines(run_dir / "smoke" / "metrics.jsonl")) == 3  # the smoke's own few steps
+    assert len(metric_lines(run_dir / "train" / "metrics.jsonl")) == 10  # the script's default max_steps
+    assert '"learning_rate": 0.2' in (run_dir / "train" / "metrics.jsonl").read_text()  # -p reached torchrun
+    assert "train loss:" in summary and "held-out loss:" in summary and "n/a" not in summary
+    assert (run_dir / "loss_curve.png").stat().st_size > 0
+    assert len(list((run_dir / "logs").rglob("stdout.log"))) == 2
+
+
+def test_the_summary_finds_the_adapter_and_tensorboard_logs(tmp_path):
+    output_dir = tmp_path / "train"
+    for adapter in ("checkpoint-10/adapter", "adapter"):
+        (output_dir / adapter).mkdir(parents=True)
+        (output_dir / adapter / "adapter_config.json").write_text("{}")
+    (output_dir / "runs" / "Nov29").mkdir(parents=True)
+    (output_dir / "runs" / "Nov29" / "events.out.tfevents.1.host").write_text("")
+    summary = summarise(tmp_path, output_dir, tmp_path / "logs")
+    assert f"adapter:       {output_dir / 'adapter'}\n" in summary
+    assert f"tensorboard --logdir {output_dir / 'runs' / 'Nov29'}" in summary
+    assert "metrics:       none" in summary
+
+
+def test_the_summary_says_when_nothing_was_saved(tmp_path):
+    summary = summarise(tmp_path, Path(tmp_path / "missing"), tmp_path / "logs")
+    assert "adapter:       none found" in summary

@@ -1,0 +1,58 @@
+import json
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from nbddp.errors import UsageError
+from nbddp.orchestration.notebook_run import NotebookRunFailed
+from nbddp.orchestration.smoke import smoke
+
+from .conftest import metric_lines
+
+pytestmark = pytest.mark.e2e
+
+
+def test_a_smoke_run_keeps_notebook_html_params_and_metrics(workdir):
+    result = smoke("train_fixture.py", flags=[("learning_rate", "0.5")], device="cpu", timeout=120)
+    assert result.run_dir.parent == Path("runs") and result.run_dir.name.endswith("-smoke")
+    assert {path.name for path in result.run_dir.iterdir()} >= {
+        "train_fixture.ipynb", "train_fixture.html", "params.json", "metrics.jsonl"}
+    params = json.loads((result.run_dir / "params.json").read_text())
+    assert params == {"max_steps": 3, "output_dir": str(result.run_dir), "learning_rate": 0.5}
+    assert [record["step"] for record in metric_lines(result.metrics)] == [1, 2, 3]  # the smoke's few steps
+    executed = nbformat.read(result.executed, as_version=4)
+    injected = [cell for cell in executed.cells if "injected-parameters" in cell.metadata.get("tags", [])]
+    assert "learning_rate = 0.5" in injected[0].source
+    assert "train_fixture" in result.html.read_text()
+    # The kernel ran this interpreter and saw no GPU.
+    seen = json.loads((result.run_dir / "env.json").read_text())
+    assert seen["python"] == sys.executable and seen["cuda_visible_devices"] == ""
+
+
+def test_the_users_values_win_over_the_smoke_defaults(workdir):
+    (workdir / "params.yaml").write_text("max_steps: 5\nlearning_rate: 0.1\n")
+    result = smoke("train_fixture.py", flags=[("max_steps", "2")], params_file="params.yaml", device="cpu")
+    assert result.parameters["max_steps"] == 2 and result.parameters["learning_rate"] == 0.1
+    assert len(metric_lines(result.metrics)) == 2
+
+
+def test_a_failing_cell_is_reported_at_its_source_notebook_line(workdir):
+    with pytest.raises(NotebookRunFailed) as error:
+        smoke("train_failing.py", device="cpu")
+    failure = error.value
+    # train_failing.sourcemap.json maps the script's `return table[n]` to notebooks/01_prep.ipynb cell 5 line 4.
+    assert (failure.notebook, failure.cell, failure.line) == ("notebooks/01_prep.ipynb", 5, 4)
+    assert failure.message == "IndexError: list index out of range"
+    assert failure.exit_status == 1
+    executed = failure.hint.removeprefix("executed notebook: ")
+    assert executed.endswith("train_failing.ipynb") and (workdir / executed).exists()
+
+
+def test_bad_parameters_stop_before_any_run(workdir):
+    with pytest.raises(UsageError, match="-p max_step: unknown parameter `max_step`"):
+        smoke("train_fixture.py", flags=[("max_step", "3")])
+    with pytest.raises(UsageError, match=r"-p max_steps 'three': expected int"):
+        smoke("train_fixture.py", flags=[("max_steps", "three")])
+    assert not (workdir / "runs").exists()
