@@ -34,7 +34,8 @@ def check_export_fresh(script):
 
 def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
         timeout=None, runs_root=RUNS_ROOT):
-    """Check, smoke, launch, summarise. The -p/-f parameters go to both the smoke run and torchrun."""
+    """Check, smoke, launch, summarise. The -p/-f parameters go to torchrun and (but for the run length
+    and output_dir) to the smoke run."""
     check_export_fresh(script)
     notebook, defaults, user = smoke.user_parameters(script, flags, params_file)
     visible = devices.single_device(device)
@@ -44,8 +45,9 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
         train["output_dir"] = str(run_dir / "train")
     logs = run_dir / "logs"
     plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs)
-    # The smoke run takes the user's values but keeps its own output_dir: the user's is the training run's.
-    smoke_user = {name: value for name, value in user.items() if name != "output_dir"}
+    # The smoke run takes the user's values except the run length and output_dir, which are the training
+    # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
+    smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
     smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke")
     print(f"launch: {plan.describe()}", flush=True)
     status = launch.execute(plan)

@@ -52,10 +52,12 @@ def test_torchrun_failure_becomes_the_exit_status(workdir, fresh_export, monkeyp
 
 @pytest.mark.e2e
 def test_smoke_then_two_processes_then_a_summary(workdir, fresh_export, capsys):
-    summary = run("train_fixture.py", flags=[("learning_rate", "0.2")], options=LaunchOptions("2"), device="cpu")
+    flags = [("learning_rate", "0.2"), ("max_steps", "5")]
+    summary = run("train_fixture.py", flags=flags, options=LaunchOptions("2"), device="cpu")
     run_dir = next((workdir / "runs").iterdir())
-    assert len(metric_lines(run_dir / "smoke" / "metrics.jsonl")) == 3  # the smoke's own few steps
-    assert len(metric_lines(run_dir / "train" / "metrics.jsonl")) == 10  # the script's default max_steps
+    assert len(metric_lines(run_dir / "smoke" / "metrics.jsonl")) == 3  # the smoke keeps its own few steps
+    assert len(metric_lines(run_dir / "train" / "metrics.jsonl")) == 5
+    assert '"learning_rate": 0.2' in (run_dir / "smoke" / "metrics.jsonl").read_text()
     assert '"learning_rate": 0.2' in (run_dir / "train" / "metrics.jsonl").read_text()  # -p reached torchrun
     assert "train loss:" in summary and "held-out loss:" in summary and "n/a" not in summary
     assert (run_dir / "loss_curve.png").stat().st_size > 0
