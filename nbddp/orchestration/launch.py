@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, kernel
+from nbddp.orchestration import devices, environment
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
@@ -106,7 +106,7 @@ def _cpu_count():
 
 def execute(plan, environ=None):
     """Run the plan; returns torchrun's exit status."""
-    env = kernel.child_environment(environ=environ) | plan.env_additions
+    env = environment.child_environment(environ=environ) | plan.env_additions
     with subprocess.Popen(plan.command, env=env) as torchrun:
         try:
             return torchrun.wait()

@@ -17,7 +17,7 @@ import nbformat
 import yaml
 
 from nbddp.errors import NotebookError
-from nbddp.orchestration import cell_failure, files, kernel
+from nbddp.orchestration import cell_failure, environment, files, kernel
 from nbddp.orchestration.sourcemap import SourceMap
 
 # The kernelspec the generated script declares (docs/design.md); a script without one gets it.
@@ -57,7 +57,7 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
     with tempfile.TemporaryDirectory(prefix="nbddp-kernel-") as scratch:
         given = Path(scratch) / f"{stem}.ipynb"
         nbformat.write(notebook, given)
-        env = kernel.child_environment(cuda_visible_devices, kernel.write_kernelspec(Path(scratch) / "jupyter"))
+        env = environment.child_environment(cuda_visible_devices, kernel.write_kernelspec(Path(scratch) / "jupyter"))
         command = papermill_command(given, executed, parameters, out_dir, timeout, progress)
         started = time.monotonic()
         status = subprocess.run(command, env=env, check=False).returncode

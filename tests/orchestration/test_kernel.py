@@ -1,9 +1,10 @@
 import json
-import os
 import sys
 
-import nbddp
-from nbddp.orchestration.kernel import KERNEL_NAME, child_environment, write_kernelspec
+import pytest
+
+from nbddp.orchestration.kernel import KERNEL_NAME, write_kernelspec
+from nbddp.orchestration.notebook_run import run_notebook, to_notebook
 
 
 def test_the_kernelspec_runs_this_interpreter(tmp_path):
@@ -13,16 +14,17 @@ def test_the_kernelspec_runs_this_interpreter(tmp_path):
     assert spec["language"] == "python"
 
 
-def test_the_child_finds_our_kernelspec_first_and_sees_the_given_devices(tmp_path):
-    environ = {"JUPYTER_PATH": "/elsewhere", "PYTHONPATH": "/lib", "CUDA_VISIBLE_DEVICES": "0,1"}
-    env = child_environment("1", tmp_path, environ)
-    assert env["JUPYTER_PATH"].split(os.pathsep) == [str(tmp_path), "/elsewhere"]
-    assert env["CUDA_VISIBLE_DEVICES"] == "1"
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(nbddp.__file__)))
-    assert env["PYTHONPATH"].split(os.pathsep) == [package_root, "/lib"]
-    assert environ["CUDA_VISIBLE_DEVICES"] == "0,1"  # the parent's own environment is untouched
-
-
-def test_without_devices_the_inherited_value_stays():
-    assert child_environment(environ={"CUDA_VISIBLE_DEVICES": "3"})["CUDA_VISIBLE_DEVICES"] == "3"
-    assert "JUPYTER_PATH" not in child_environment(environ={})
+@pytest.mark.e2e
+def test_our_kernelspec_wins_over_another_python3_spec(tmp_path, monkeypatch):
+    user_data = tmp_path / "user-jupyter"
+    (user_data / "kernels" / KERNEL_NAME).mkdir(parents=True)
+    broken = {"argv": ["/nonexistent/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+              "display_name": "Python 3", "language": "python"}
+    (user_data / "kernels" / KERNEL_NAME / "kernel.json").write_text(json.dumps(broken))
+    # A JUPYTER_PATH the user set (shared kernels) is searched before the virtualenv's own kernelspecs.
+    monkeypatch.setenv("JUPYTER_PATH", str(user_data))
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "which.py"
+    script.write_text('# %% tags=["parameters"]\nout = "which.txt"\n\n# %%\nimport sys\nopen(out, "w").write(sys.executable)\n')
+    run_notebook(to_notebook(script), script, {}, tmp_path, "", timeout=60, progress=False)
+    assert (tmp_path / "which.txt").read_text() == sys.executable
