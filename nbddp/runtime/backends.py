@@ -11,6 +11,7 @@ import torch
 
 from nbddp.errors import UsageError
 from nbddp.runtime import hf_backend
+from nbddp.runtime.flags import BACKEND_CHOICES
 
 
 def choose(requested: str) -> tuple[str, str]:
@@ -28,7 +29,7 @@ def choose(requested: str) -> tuple[str, str]:
         if has_cuda and has_unsloth:
             return "unsloth", "Unsloth: CUDA and unsloth found"
         return "hf", f"Transformers+PEFT fallback: {'no CUDA' if not has_cuda else 'unsloth not installed'}"
-    raise UsageError(f"--backend must be one of auto, unsloth, hf, not {requested!r}")
+    raise UsageError(f"--backend must be one of {', '.join(BACKEND_CHOICES)}, not {requested!r}")
 
 
 def activate(backend: str) -> None:
