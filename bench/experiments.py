@@ -50,7 +50,7 @@ EXPERIMENTS = {
         Experiment(
             name="sanity_1b",
             description="Both scripts run end to end on the 1.1B shape (one GPU each, side by side).",
-            shape="llama-1.1b", micro_batch=4, steps=12, warmup_steps=4,
+            shape="llama-1.1b", micro_batch=4, steps=10, warmup_steps=3,
             variants={"generated": Variant("generated", settings=UNSLOTH_BF16),
                       "reference": Variant("reference", settings={"load_in_4bit": False})},
             order=("generated", "reference"), rounds=1, concurrent=True,
@@ -59,7 +59,7 @@ EXPERIMENTS = {
         Experiment(
             name="backends_qlora_8b",
             description="Unsloth vs Transformers+PEFT, same generated script (--backend), QLoRA 4-bit, 8B, 1 GPU each.",
-            shape="llama3-8b", micro_batch=2, steps=20, warmup_steps=5,
+            shape="llama3-8b", micro_batch=2, steps=16, warmup_steps=4,
             variants={"unsloth": Variant("generated", settings=UNSLOTH_4BIT),
                       "hf": Variant("generated", settings=HF_4BIT)},
             order=("unsloth", "hf"), rounds=2, concurrent=True,
@@ -68,7 +68,7 @@ EXPERIMENTS = {
         Experiment(
             name="backends_bf16_8b",
             description="Unsloth vs Transformers+PEFT, same generated script (--backend), bf16 LoRA, 8B, 1 GPU each.",
-            shape="llama3-8b", micro_batch=2, steps=20, warmup_steps=5,
+            shape="llama3-8b", micro_batch=2, steps=16, warmup_steps=4,
             variants={"unsloth": Variant("generated", settings=UNSLOTH_BF16),
                       "hf": Variant("generated", settings=HF_BF16)},
             order=("unsloth", "hf"), rounds=2, concurrent=True,
@@ -79,7 +79,7 @@ EXPERIMENTS = {
             description="DDP scaling of the generated script (1 vs 2 GPUs, same per-GPU batch) and the generated "
                         "script vs the hand-written reference at 2 GPUs; Unsloth bf16 LoRA, 8B, checkpointing "
                         "chosen from memory.",
-            shape="llama3-8b", micro_batch=2, steps=25, warmup_steps=5,
+            shape="llama3-8b", micro_batch=2, steps=30, warmup_steps=6,
             variants={"generated_1gpu": Variant("generated", 1, UNSLOTH_BF16),
                       "generated_2gpu": Variant("generated", 2, UNSLOTH_BF16),
                       "reference_2gpu": Variant("reference", 2, {"load_in_4bit": False})},

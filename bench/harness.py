@@ -254,12 +254,14 @@ def write_json(path, value):
 class Runner:
     """Launches trials (several at once when they use different GPUs) and enforces the deadline."""
 
-    def __init__(self, out, work, deadline, models, data, matmul, env_info):
+    def __init__(self, out, work, deadline, models, data, matmul, env_info, stop_on_failure=False):
         self.out, self.work, self.deadline = out, work, deadline
+        self.stop_on_failure = stop_on_failure
         self.models, self.data, self.matmul, self.env_info = models, data, matmul, env_info
         self.durations = {}  # (experiment, label) -> seconds of the last trial
         self.trials = {}  # experiment -> list of trial dicts
         self.choices = {}  # experiment -> checkpointing decision
+        self.failures = 0
 
     def checkpointing(self, experiment):
         if experiment.checkpointing == "notebook":
@@ -285,6 +287,8 @@ class Runner:
             for label in labels:
                 gpus = tuple(range(experiment.variants[label].gpus))
                 self.run_batch(experiment, round_index, [(label, gpus)])
+                if self.failures and self.stop_on_failure:
+                    return
 
     def run_batch(self, experiment, round_index, launches):
         expected = max(self.expected_s(experiment, label) for label, _ in launches)
@@ -325,6 +329,7 @@ class Runner:
             trial["duration_s"] = time.time() - trial.pop("started")
             self.durations[(experiment.name, trial["label"])] = trial["duration_s"]
             summarize_trial(trial, experiment, self.matmul, self.flops(experiment))
+            self.failures += trial["status"] != "ok"
             print(f"[bench]   {trial['label']}: {trial['status']} {trial['duration_s']:.0f}s "
                   + (f"{trial['tokens_per_s']['median']:.0f} tok/s, peak {peak_gib(trial)} GiB, "
                      f"MFU {trial['mfu']:.3f}" if trial["status"] == "ok" else ""), flush=True)
@@ -357,6 +362,8 @@ def main():
     parser.add_argument("--experiments", required=True, help=f"comma-separated, from {', '.join(plan.EXPERIMENTS)}")
     parser.add_argument("--deadline-s", type=float, required=True, help="stop starting/running trials after this")
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench"), help="models, data and trial folders")
+    parser.add_argument("--stop-on-failure", action="store_true",
+                        help="run nothing more once a trial fails (keeps device time for a fixed rerun)")
     args = parser.parse_args()
     start = time.time()
     names = args.experiments.split(",")
@@ -372,10 +379,11 @@ def main():
           flush=True)
     models, data = prepare_inputs(sorted({e.shape for e in chosen}), args.work)
     print(f"[bench] inputs ready after {time.time() - start:.0f}s", flush=True)
-    runner = Runner(args.out, args.work, start + args.deadline_s, models, data, matmul, env_info)
+    runner = Runner(args.out, args.work, start + args.deadline_s, models, data, matmul, env_info,
+                    args.stop_on_failure)
     for round_index in range(max(e.rounds for e in chosen)):
         for experiment in chosen:
-            if round_index < experiment.rounds:
+            if round_index < experiment.rounds and not (runner.failures and args.stop_on_failure):
                 runner.run_round(experiment, round_index)
     with tarfile.open(args.out / "logs.tgz", "w:gz") as tar:
         tar.add(args.work / "trials", arcname="trials", filter=keep_in_logs)
