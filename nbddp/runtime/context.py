@@ -110,6 +110,9 @@ def init_distributed() -> DistributedContext:
             _init_nccl(device, timeout)
         else:
             dist.init_process_group("gloo", timeout=timeout)
+            # accelerate (so Trainer) runs DDP over gloo only when told that this is a CPU run; without
+            # it, every rank would silently train alone on the whole dataset.
+            os.environ.setdefault("ACCELERATE_USE_CPU", "true")
     return DistributedContext(rank, local_rank, world_size, local_world_size, device)
 
 

@@ -106,18 +106,23 @@ WORKER = textwrap.dedent(
         note("leave")
     ddp.barrier()
     note(f"after-barrier world_size={ddp.world_size} local_world_size={ddp.local_world_size} device={ddp.device}")
+
+    from transformers import TrainingArguments  # Trainer must see the same world, over gloo
+
+    args = TrainingArguments(output_dir=sys.argv[2], report_to=[])
+    note(f"trainer world_size={args.world_size} parallel_mode={args.parallel_mode.value}")
     ddp.shutdown()
     ddp.shutdown()
     """
 )
 
 
-def test_two_gloo_processes_take_turns(tmp_path):
+def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
     worker, log = tmp_path / "worker.py", tmp_path / "events.log"
     worker.write_text(WORKER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), str(log)],
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(worker), str(log), str(tmp_path)],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -125,5 +130,7 @@ def test_two_gloo_processes_take_turns(tmp_path):
     assert events[:4] == ["0 enter", "0 leave", "1 enter", "1 leave"]
     assert sorted(events[4:]) == [
         "0 after-barrier world_size=2 local_world_size=2 device=cpu",
+        "0 trainer world_size=2 parallel_mode=distributed",
         "1 after-barrier world_size=2 local_world_size=2 device=cpu",
+        "1 trainer world_size=2 parallel_mode=distributed",
     ]
