@@ -40,7 +40,8 @@ def activate(backend: str) -> None:
     # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank
     # imports it: once the process group exists, Unsloth's compiler lets global rank 0 write
     # unsloth_compiled_cache/ and broadcasts to the others, a collective all ranks must join
-    # (unsloth_zoo.utils.distributed_function). Importing it on one rank while the others wait would hang.
+    # (unsloth_zoo.utils.distributed_function). Imported on local rank 0 first while the others waited
+    # in a barrier, it hung on 2 GPUs until the NCCL watchdog aborted (unsloth 2026.10.9).
     importlib.import_module("unsloth")
     from transformers import Trainer
 
