@@ -3,7 +3,7 @@
 import contextlib
 import json
 import os
-import tempfile
+import uuid
 from pathlib import Path
 
 
@@ -11,10 +11,10 @@ from pathlib import Path
 def replacing(path):
     """Yield a temp path to write; on success it replaces `path`, on error it is removed."""
     path = Path(path)
-    descriptor, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(descriptor)
+    # Named, not created: the writer creates it, with the usual permissions (mkstemp's are 0600).
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        yield Path(temp)
+        yield temp
         os.replace(temp, path)
     finally:
         if os.path.exists(temp):

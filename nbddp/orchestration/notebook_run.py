@@ -74,7 +74,7 @@ def papermill_command(given, executed, parameters, out_dir, timeout, progress):
     """The papermill command line; the kernel's working directory is ours, like torchrun's."""
     command = [sys.executable, "-m", "papermill", str(given), str(executed), "--cwd", str(Path.cwd())]
     # YAML, not JSON: PyYAML reads JSON's `1e-05` as a string, and papermill reads -y with PyYAML.
-    command += ["-y", yaml.safe_dump(parameters, default_flow_style=True), "--log-level", "WARNING"]
+    command += ["-y", yaml.safe_dump(parameters, default_flow_style=True), "--log-level", "ERROR"]
     command += ["--stdout-file", str(out_dir / "cells.stdout.log"), "--stderr-file", str(out_dir / "cells.stderr.log")]
     command += ["--progress-bar" if progress else "--no-progress-bar"]
     if timeout:
