@@ -40,7 +40,6 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "b
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "UNSLOTH_DISABLE_STATISTICS": "1", "PYTHONUNBUFFERED": "1"}
-CHECKPOINTING_FLAG = {"off": "false", "true": "true", "unsloth": "unsloth"}
 FIRST_TRIAL_GUESS_S = {"llama-1.1b": 90, "llama3-8b": 150}  # before any trial of the shape has run
 LOG_TAIL_LINES = 40
 
@@ -49,10 +48,15 @@ def flag_value(value):
     return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def script_flags(experiment, variant, model_dir, data_path, output_dir, checkpointing):
+def script_flags(experiment, variant, model_dir, data_path, output_dir):
+    """Flags for both scripts (same names: the notebooks' parameters). Three rows are held out (the
+    notebooks' last cell generates from three) and evaluation runs only before step 1, outside the
+    timed steps."""
     flags = {
         "model_name": model_dir,
         "data_path": data_path,
+        "eval_rows": 3,
+        "eval_steps": 100_000,
         "max_seq_length": plan.SEQ_LEN,
         "per_device_train_batch_size": experiment.micro_batch,
         "gradient_accumulation_steps": 1,
@@ -61,8 +65,6 @@ def script_flags(experiment, variant, model_dir, data_path, output_dir, checkpoi
         "seed": plan.SEED,
         "output_dir": output_dir,
     }
-    if checkpointing is not None:
-        flags["use_gradient_checkpointing"] = CHECKPOINTING_FLAG[checkpointing]
     settings = dict(variant.settings)
     if variant.script == "reference":
         settings.pop("backend", None)  # the reference is Unsloth by construction
@@ -263,17 +265,14 @@ class Runner:
         self.choices = {}  # experiment -> checkpointing decision
         self.failures = 0
 
-    def checkpointing(self, experiment):
-        if experiment.checkpointing == "notebook":
-            return None
-        if experiment.checkpointing != "memory":
-            return experiment.checkpointing
+    def checkpointing_choice(self, experiment):
+        """What bench.memory_model would choose for this experiment (the notebooks fix "unsloth")."""
         if experiment.name not in self.choices:
             variant = next(iter(experiment.variants.values()))
             self.choices[experiment.name] = choose_checkpointing(
                 shape_config(experiment.shape), plan.SEQ_LEN, experiment.micro_batch,
                 bool(variant.settings.get("load_in_4bit")), min(self.env_info["gpu_memory_gib"]))
-        return self.choices[experiment.name]["chosen"]
+        return self.choices[experiment.name]
 
     def expected_s(self, experiment, label):
         return self.durations.get((experiment.name, label), FIRST_TRIAL_GUESS_S[experiment.shape])
@@ -297,21 +296,22 @@ class Runner:
                   f"~{expected:.0f}s left {self.deadline - time.time():.0f}s", flush=True)
             return
         running = []
-        checkpointing = self.checkpointing(experiment)
         for label, gpus in launches:
             variant = experiment.variants[label]
             index = len(self.trials.setdefault(experiment.name, []))
             trial_dir = self.work / "trials" / experiment.name / f"{index:02d}_{label}"
             trial_dir.mkdir(parents=True, exist_ok=True)
             flags = script_flags(experiment, variant, self.models[experiment.shape], self.data,
-                                 str(trial_dir / "output"), checkpointing)
+                                 str(trial_dir / "output"))
             command = trial_command(variant, flags)
             env = trial_env(variant, gpus, trial_dir)
             env["BENCH_T0"] = repr(time.time())
             env_shown = {**variant.env, "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
             trial = {"label": label, "round": round_index, "gpus": list(gpus), "dir": str(trial_dir),
                      "command": " ".join(f"{k}={v}" for k, v in env_shown.items()) + " " + shlex.join(command[1:]),
-                     "ddp_overrides": variant.ddp, "checkpointing": checkpointing, "started": time.time()}
+                     "ddp_overrides": variant.ddp,
+                     "checkpointing": variant.settings.get("use_gradient_checkpointing", "unsloth"),
+                     "started": time.time()}
             print(f"[bench] {experiment.name} r{round_index + 1} {label} gpus={list(gpus)}", flush=True)
             log = open(trial_dir / "log.txt", "w")
             process = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -348,8 +348,7 @@ class Runner:
                       "steps": experiment.steps, "warmup_steps": experiment.warmup_steps, "lora_r": plan.LORA_R,
                       "rounds_planned": experiment.rounds, "order": experiment.order,
                       "concurrent": experiment.concurrent, "flops_per_token": self.flops(experiment),
-                      "checkpointing": experiment.checkpointing,
-                      "checkpointing_choice": self.choices.get(experiment.name)},
+                      "checkpointing_choice": self.checkpointing_choice(experiment)},
             "environment": {**self.env_info, "matmul_bf16": self.matmul},
             "trials": trials,
             "summary": summarize_experiment(experiment, trials),

@@ -61,10 +61,10 @@ def markdown(results):
         setup = result["setup"]
         parts.append(f"### {name}\n\n{result['description']}\n\n"
                      f"Shape {setup['shape']}, seq {setup['seq_len']}, micro batch {setup['micro_batch_per_gpu']}/GPU, "
-                     f"{setup['steps']} steps ({setup['warmup_steps']} warm-up), checkpointing: "
-                     f"{setup['checkpointing']}"
-                     + (f" -> {setup['checkpointing_choice']['chosen']}" if setup.get("checkpointing_choice") else "")
-                     + f", {'side by side' if setup['concurrent'] else 'one trial at a time'}.\n\n"
+                     f"{setup['steps']} steps ({setup['warmup_steps']} warm-up), "
+                     f"{'side by side' if setup['concurrent'] else 'one trial at a time'}; gradient checkpointing "
+                     f"\"unsloth\" (the notebooks') unless a variant says otherwise, the memory model's choice: "
+                     f"{setup['checkpointing_choice']['chosen']}.\n\n"
                      + variant_table(result) + "\n\n" + comparison_table(result) + "\n")
     return "\n".join(parts)
 

@@ -59,11 +59,28 @@ def test_experiment_summary_pairs_rounds_and_reports_scaling_efficiency(tmp_path
 
 
 def test_flags_cover_the_common_settings_and_drop_backend_for_the_reference():
-    reference = plan.Variant("reference", 2, {"backend": "unsloth", "load_in_4bit": False})
-    flags = script_flags(EXPERIMENT, reference, "/m", "/d.jsonl", "/o", "off")
+    reference = plan.Variant("reference", 2, {"backend": "unsloth", "load_in_4bit": False,
+                                              "use_gradient_checkpointing": "false"})
+    flags = script_flags(EXPERIMENT, reference, "/m", "/d.jsonl", "/o")
     pairs = dict(zip(flags[::2], flags[1::2]))
     assert pairs["--max_seq_length"] == str(plan.SEQ_LEN) and pairs["--load_in_4bit"] == "false"
     assert pairs["--use_gradient_checkpointing"] == "false" and "--backend" not in pairs
+    assert int(pairs["--eval_steps"]) > EXPERIMENT.steps  # no evaluation inside the timed steps
+
+
+def test_flags_are_parameters_of_the_generated_script():
+    import ast
+    from pathlib import Path
+
+    script = ast.parse((Path(__file__).resolve().parents[2] / "generated" / "train.py").read_text())
+    defined_in = next(k.value for node in ast.walk(script) if isinstance(node, ast.Call)
+                      for k in node.keywords if k.arg == "defined_in")
+    names = {key.value for key in defined_in.keys}
+    for experiment in plan.EXPERIMENTS.values():
+        for variant in experiment.variants.values():
+            if variant.script == "generated":
+                flags = script_flags(experiment, variant, "/m", "/d", "/o")
+                assert {f[2:] for f in flags[::2]} <= names, experiment.name
 
 
 def test_logs_keep_metrics_but_not_saved_weights():
@@ -84,6 +101,7 @@ def test_every_planned_experiment_is_consistent():
         assert set(experiment.order) <= set(experiment.variants)
         for numerator, denominator in experiment.comparisons:
             assert {numerator, denominator} <= set(experiment.variants)
+        assert experiment.steps > experiment.warmup_steps
         if experiment.concurrent:
             assert len(experiment.order) == 2 and all(v.gpus == 1 for v in experiment.variants.values())
 

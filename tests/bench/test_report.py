@@ -13,8 +13,8 @@ def result(one=40_000.0, two=76_000.0):
                 for label, world, tps in (("g1", 1, one), ("g2", 2, two))}
     ratio = lambda r: {"per_pair": [r], "median": r, "min": r, "max": r}
     return {"description": "toy", "setup": {"shape": "llama-1.1b", "seq_len": 2048, "micro_batch_per_gpu": 4,
-                                            "steps": 10, "warmup_steps": 2, "checkpointing": "notebook",
-                                            "concurrent": False},
+                                            "steps": 10, "warmup_steps": 2, "concurrent": False,
+                                            "checkpointing_choice": {"chosen": "off"}},
             "trials": [trial("g1", 1, one), trial("g2", 2, two)],
             "summary": {"variants": variants, "comparisons": [
                 {"numerator": "g2", "denominator": "g1", "tokens_per_s": ratio(two / one),
