@@ -41,6 +41,8 @@ SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "UNSLOTH_DISABLE_STATISTICS": "1", "PYTHONUNBUFFERED": "1"}
 FIRST_TRIAL_GUESS_S = {"llama-1.1b": 90, "llama3-8b": 150}  # before any trial of the shape has run
+MAX_TRIAL_S = {"llama-1.1b": 200, "llama3-8b": 300}  # a trial still running then is hung, not slow
+DATA_ROWS = 512  # enough for every planned trial without a second epoch
 LOG_TAIL_LINES = 40
 
 
@@ -131,7 +133,7 @@ def prepare_inputs(shapes, work):
                        check=True, cwd=REPO, env={**os.environ, **SAFE_ENV, "CUDA_VISIBLE_DEVICES": "0"})
         models[shape] = str(out)
     data = work / "data" / f"fixed_{plan.SEQ_LEN}.jsonl"
-    subprocess.run([sys.executable, "-m", "bench.make_data", "--seq-len", str(plan.SEQ_LEN), "--rows", "2048",
+    subprocess.run([sys.executable, "-m", "bench.make_data", "--seq-len", str(plan.SEQ_LEN), "--rows", str(DATA_ROWS),
                     "--out", str(data)], check=True, cwd=REPO)
     return models, str(data)
 
@@ -319,12 +321,13 @@ class Runner:
             self.trials[experiment.name].append(trial)
             running.append((trial, process, log))
         for trial, process, log in running:
+            limit = min(self.deadline, trial["started"] + MAX_TRIAL_S[experiment.shape])
             try:
-                trial["returncode"] = process.wait(timeout=max(1.0, self.deadline - time.time()))
+                trial["returncode"] = process.wait(timeout=max(1.0, limit - time.time()))
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)  # the trial's own session: torchrun and its ranks
                 trial["returncode"] = process.wait()
-                trial["stopped_at_deadline"] = True
+                trial["stopped_at"] = "deadline" if limit == self.deadline else "trial limit"
             log.close()
             trial["duration_s"] = time.time() - trial.pop("started")
             self.durations[(experiment.name, trial["label"])] = trial["duration_s"]
