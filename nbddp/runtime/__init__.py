@@ -6,8 +6,10 @@
 
 `apply_flags` turns the parameters into command-line flags; `setup` joins torchrun's process group, picks
 the backend and returns `ddp` (a `context.DistributedContext`). torch is imported only by `setup`, so
-`train.py --help` answers at once; transformers, trl and peft only after Unsloth (see `backends`).
+`train.py --help` answers at once; transformers, trl and peft only after Unsloth, or (hf backend) when
+`setup` patches TRL (see `backends`).
 """
+import builtins
 import sys
 
 from nbddp.errors import NbddpError
@@ -18,12 +20,14 @@ __all__ = ["apply_flags", "setup"]
 
 def setup(backend: str, script: str | None):
     """Prepare this process for the notebooks' code and return its `DistributedContext`."""
-    from nbddp.runtime import backends, tracebacks
+    from nbddp.runtime import backends, script_display, tracebacks
     from nbddp.runtime.context import init_distributed
 
     script_mode = not running_in_kernel()
     if script_mode and script is not None:
         tracebacks.install(script)
+    if script_mode and not hasattr(builtins, "display"):
+        builtins.display = script_display.display  # notebook cells call IPython's builtin display() bare
     try:
         chosen, reason = backends.choose(backend)
         ddp = init_distributed()

@@ -33,9 +33,18 @@ def choose(requested: str) -> tuple[str, str]:
 
 
 def activate(backend: str) -> None:
-    """Import the real Unsloth, or install the fallback as the module `unsloth`."""
+    """Import the real Unsloth, or install the fallback as the module `unsloth` (and `unsloth.chat_templates`)."""
     if backend == "hf":
         sys.modules["unsloth"] = hf_backend
+        sys.modules["unsloth.chat_templates"] = hf_backend.chat_templates
+        # Importing Unsloth lets TRL's trainers take Unsloth-era arguments (dataset_text_field=, max_seq_length=,
+        # tokenizer=, ...); without it, notebooks that pass them fail here. So the fallback patches TRL itself,
+        # which means importing trl now rather than in the notebook's first trainer cell.
+        from trl import SFTConfig, SFTTrainer
+
+        from nbddp.runtime.trl_compat import patch_sft_trainer
+
+        patch_sft_trainer(SFTTrainer, SFTConfig)
         return
     # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank
     # imports it: once the process group exists, Unsloth's compiler lets global rank 0 write

@@ -19,6 +19,8 @@ import sys
 
 import torch
 
+from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
+
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 # Options of Unsloth's from_pretrained that mean nothing to Transformers: accepted and ignored.

@@ -35,13 +35,21 @@ def sourcemap_path(script: str) -> str:
     return os.path.splitext(script)[0] + ".sourcemap.json"
 
 
+class SourceMapError(ValueError):
+    """The file at a source map's path is not one: not JSON, or not the shape above."""
+
+
 def load(path: str) -> dict | None:
-    """The parsed source map, or None when there is no file at `path`."""
+    """The parsed source map, or None when there is no file at `path`; SourceMapError when it is malformed."""
     try:
         with open(path, encoding="utf-8") as file:
-            return json.load(file)
+            mapping = json.load(file)
     except FileNotFoundError:
         return None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise SourceMapError(f"not JSON ({error})") from error
+    _check_shape(mapping)
+    return mapping
 
 
 def lookup(sourcemap: dict, line: int) -> ScriptLine | None:
@@ -52,3 +60,30 @@ def lookup(sourcemap: dict, line: int) -> ScriptLine | None:
             origin = cell["origin"][index]
             return ScriptLine(cell["title"], Origin(*origin) if origin else None)
     return None
+
+
+def _check_shape(mapping) -> None:
+    """Raise SourceMapError unless `mapping` has the shape that `lookup` reads (checked up front, so a map
+    written by another version fails here, with a reason, rather than inside an excepthook)."""
+    cells = mapping.get("cells") if isinstance(mapping, dict) else None
+    if not isinstance(cells, list):
+        raise SourceMapError('no "cells" list')
+    for index, cell in enumerate(cells):
+        if not (
+            isinstance(cell, dict)
+            and isinstance(cell.get("title"), str)
+            and type(cell.get("first_line")) is int
+            and isinstance(cell.get("origin"), list)
+            and all(_is_origin(origin) for origin in cell["origin"])
+        ):
+            raise SourceMapError(f'cell {index} is not {{"title": str, "first_line": int, "origin": [...]}}')
+
+
+def _is_origin(origin) -> bool:
+    """null, or [notebook, cell, line]."""
+    return origin is None or (
+        isinstance(origin, list)
+        and len(origin) == 3
+        and isinstance(origin[0], str)
+        and all(type(number) is int for number in origin[1:])
+    )

@@ -39,9 +39,17 @@ def format_report(exc_type, exc, tb, script: str) -> str:
 
 
 def _origin_line(tb, script: str) -> str | None:
-    """One sentence locating the innermost frame of `script` in the notebooks; None when nothing is known."""
+    """One sentence locating the innermost frame of `script` in the notebooks, or saying that the source map
+    could not be read; None when nothing is known."""
     script_lines = [line for frame, line in traceback.walk_tb(tb) if os.path.abspath(frame.f_code.co_filename) == script]
-    mapping = sourcemap.load(sourcemap.sourcemap_path(script)) if script_lines else None
+    if not script_lines:
+        return None
+    path = sourcemap.sourcemap_path(script)
+    try:
+        mapping = sourcemap.load(path)
+    except (OSError, sourcemap.SourceMapError) as error:
+        # The report must still come out: an excepthook that raises buries the user's error under its own.
+        return f"nbddp: could not read the source map {os.path.relpath(path)}: {error}"
     found = sourcemap.lookup(mapping, script_lines[-1]) if mapping else None
     if found is None:
         return None

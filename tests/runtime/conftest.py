@@ -37,3 +37,11 @@ def model_cache(tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("NBDDP_CACHE", str(cache))
     return cache
+
+
+@pytest.fixture
+def tiny_model_path(tiny_llama_dir, model_cache):
+    """The tiny Llama with its weights built, as `FastLanguageModel.from_pretrained` takes it."""
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    return ensure_weights(str(tiny_llama_dir))

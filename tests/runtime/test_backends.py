@@ -53,12 +53,18 @@ def test_unknown_backend(machine):
 
 
 def test_hf_installs_the_fallback_as_unsloth(monkeypatch):
+    from trl import SFTTrainer
+
+    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)  # restored after the test
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+    monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")
     from unsloth import FastLanguageModel, is_bfloat16_supported
+    from unsloth.chat_templates import train_on_responses_only
 
     assert FastLanguageModel is hf_backend.FastLanguageModel
     assert is_bfloat16_supported is hf_backend.is_bfloat16_supported
+    assert train_on_responses_only is hf_backend.chat_templates.train_on_responses_only
 
 
 def test_installed_fallback_does_not_count_as_unsloth(machine, monkeypatch):

@@ -2,12 +2,6 @@ import pytest
 import torch
 
 from nbddp.runtime.hf_backend import FastLanguageModel, is_bfloat16_supported
-from nbddp.runtime.tiny_model import ensure_weights
-
-
-@pytest.fixture
-def tiny_model_path(tiny_llama_dir, model_cache):
-    return ensure_weights(str(tiny_llama_dir))
 
 
 def load(path, **options):

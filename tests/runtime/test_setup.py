@@ -1,4 +1,5 @@
 """`runtime.setup` and what `from nbddp import runtime` imports (nbddp/runtime/__init__.py)."""
+import builtins
 import os
 import subprocess
 import sys
@@ -15,11 +16,21 @@ from nbddp.runtime.context import DistributedContext
 
 @pytest.fixture
 def cpu_script_mode(monkeypatch):
+    """One CPU process run as a script; what setup changes in this interpreter is undone afterwards."""
+    from trl import SFTTrainer
+
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # restored after the test
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+    monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
+    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)  # the hf backend patches it
+    had_display = builtins.__dict__.pop("display", None)  # a script has none
+    yield
+    builtins.__dict__.pop("display", None)
+    if had_display is not None:
+        builtins.display = had_display
 
 
 def test_setup_reports_backend_and_world(cpu_script_mode, capsys):
@@ -33,6 +44,28 @@ def test_setup_installs_the_excepthook_for_a_script(cpu_script_mode, tmp_path):
     before = sys.excepthook
     runtime.setup(backend="hf", script=str(tmp_path / "train.py"))
     assert sys.excepthook is not before
+
+
+def test_script_mode_gets_a_display_that_prints(cpu_script_mode, capsys):
+    runtime.setup(backend="hf", script=None)
+    capsys.readouterr()
+    exec("display({'rows': 3}, 'text', include=['text/plain'])", {})  # as a notebook cell calls it: bare
+    assert capsys.readouterr().out == "{'rows': 3}\n'text'\n"
+
+
+def test_a_display_already_there_is_kept(cpu_script_mode):
+    def own_display(*objects, **options):
+        pass
+
+    builtins.display = own_display
+    runtime.setup(backend="hf", script=None)
+    assert builtins.display is own_display
+
+
+def test_a_kernel_keeps_its_own_display(cpu_script_mode, monkeypatch):
+    monkeypatch.setattr(runtime, "running_in_kernel", lambda: True)  # IPython's display is in the kernel's namespace
+    runtime.setup(backend="hf", script=None)
+    assert not hasattr(builtins, "display")
 
 
 def test_unsloth_on_cpu_exits_2_in_script_mode(cpu_script_mode, capsys):
@@ -51,16 +84,16 @@ def test_unsloth_on_cpu_raises_in_a_kernel(cpu_script_mode, monkeypatch, tmp_pat
 
 
 def test_imports_stay_light():
-    # Unsloth must be imported before transformers/trl/peft/datasets; the runtime never loads the export or
-    # orchestration tools. A fresh interpreter, since this one has imported them all.
+    # `--help` answers before torch loads; Unsloth must be imported before transformers/trl/peft/datasets, which
+    # only the hf backend's setup imports (to patch TRL); the runtime never loads the export or orchestration tools.
+    # A fresh interpreter, since this one has imported them all.
     code = textwrap.dedent(
         """
         import sys
         from nbddp import runtime
-        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+        print(sorted(m for m in ("torch", "transformers", "trl") if m in sys.modules))
         runtime.setup(backend="hf", script=None)
-        heavy = ("transformers", "trl", "peft", "datasets", "libcst", "jupytext", "papermill", "IPython")
-        print(sorted(m for m in heavy if m in sys.modules))
+        print(sorted(m for m in ("libcst", "jupytext", "papermill", "IPython") if m in sys.modules))
         """
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

@@ -1,7 +1,9 @@
 import json
 
+import pytest
+
 from nbddp.runtime import sourcemap
-from nbddp.runtime.sourcemap import Origin, ScriptLine
+from nbddp.runtime.sourcemap import Origin, ScriptLine, SourceMapError
 
 MAP = {
     "script": "train.py",
@@ -40,3 +42,30 @@ def test_load(tmp_path):
     assert sourcemap.load(str(path)) is None
     path.write_text(json.dumps(MAP))
     assert sourcemap.load(str(path)) == MAP
+
+
+def test_bad_json_is_a_source_map_error(tmp_path):
+    path = tmp_path / "train.sourcemap.json"
+    path.write_text('{"cells": [')
+    with pytest.raises(SourceMapError, match="not JSON"):
+        sourcemap.load(str(path))
+
+
+@pytest.mark.parametrize(
+    "mapping, reason",
+    [
+        ([], 'no "cells" list'),
+        ({"script": "train.py"}, 'no "cells" list'),
+        ({"cells": {"title": "x"}}, 'no "cells" list'),
+        ({"cells": [MAP["cells"][0], "cell"]}, "cell 1 is not"),
+        ({"cells": [{"title": "x", "first_line": "10", "origin": []}]}, "cell 0 is not"),
+        ({"cells": [{"title": "x", "first_line": 10}]}, "cell 0 is not"),
+        ({"cells": [{"title": "x", "first_line": 10, "origin": [["nb.ipynb", 3]]}]}, "cell 0 is not"),
+        ({"cells": [{"title": "x", "first_line": 10, "origin": [[3, 1, 1]]}]}, "cell 0 is not"),
+    ],
+)
+def test_a_map_of_the_wrong_shape_is_a_source_map_error(tmp_path, mapping, reason):
+    path = tmp_path / "train.sourcemap.json"
+    path.write_text(json.dumps(mapping))
+    with pytest.raises(SourceMapError, match=reason):
+        sourcemap.load(str(path))

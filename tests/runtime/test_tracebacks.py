@@ -27,11 +27,11 @@ SOURCEMAP = {
 }
 
 
-def run_script(directory, with_sourcemap=True):
+def run_script(directory, with_sourcemap=True, sourcemap_text=None):
     script = directory / "train.py"
     script.write_text(SCRIPT)
     if with_sourcemap:
-        (directory / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+        (directory / "train.sourcemap.json").write_text(sourcemap_text or json.dumps(SOURCEMAP))
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=directory, timeout=120)
 
 
@@ -49,6 +49,15 @@ def test_without_a_sourcemap_only_the_traceback(tmp_path):
     result = run_script(tmp_path, with_sourcemap=False)
     assert "IndexError: list index out of range" in result.stderr
     assert "comes from" not in result.stderr
+
+
+def test_a_malformed_sourcemap_leaves_the_traceback_and_says_so(tmp_path):
+    result = run_script(tmp_path, sourcemap_text='{"cells": [')
+    assert result.returncode == 1
+    assert "Error in sys.excepthook" not in result.stderr  # the hook itself did not fail
+    assert result.stderr.count("Traceback") == 1
+    assert "IndexError: list index out of range" in result.stderr
+    assert result.stderr.rstrip().splitlines()[-1].startswith("nbddp: could not read the source map train.sourcemap.json: not JSON")
 
 
 def raise_in(script, line):
@@ -78,3 +87,21 @@ def test_every_line_carries_the_rank_when_torchrun_runs_several(tmp_path, monkey
     lines = report.splitlines()
     assert all(line.startswith("[rank 1] ") for line in lines)
     assert lines[-1].endswith("comes from notebooks/03_train.ipynb, cell 4, line 1")
+
+
+def test_a_map_of_the_wrong_shape_is_named_after_the_traceback(tmp_path):
+    script = tmp_path / "train.py"
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps({"cells": [{"title": "x", "first_line": 1, "origin": [[1]]}]}))
+    error = raise_in(script, 7)
+    report = tracebacks.format_report(type(error), error, error.__traceback__, str(script))
+    assert "ValueError: bad value" in report
+    assert report.splitlines()[-1].startswith("nbddp: could not read the source map ")
+    assert report.splitlines()[-1].endswith('train.sourcemap.json: cell 0 is not {"title": str, "first_line": int, "origin": [...]}')
+
+
+def test_an_unreadable_map_is_named_after_the_traceback(tmp_path):
+    script = tmp_path / "train.py"
+    (tmp_path / "train.sourcemap.json").mkdir()  # open() raises IsADirectoryError
+    error = raise_in(script, 7)
+    report = tracebacks.format_report(type(error), error, error.__traceback__, str(script))
+    assert "ValueError: bad value" in report and "could not read the source map" in report.splitlines()[-1]

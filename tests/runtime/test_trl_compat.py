@@ -1,0 +1,143 @@
+"""Unsloth-era `SFTTrainer(...)` arguments on the hf backend (nbddp/runtime/trl_compat.py)."""
+import sys
+
+import pytest
+import torch
+from transformers import TrainingArguments
+from trl import SFTConfig, SFTTrainer
+
+from nbddp.runtime import backends
+from nbddp.runtime.context import DistributedContext
+from nbddp.runtime.trl_compat import config_from, patch_sft_trainer
+
+
+class RecordingTrainer:
+    """Stands in for SFTTrainer: the same named parameters, and it keeps what it was given."""
+
+    def __init__(self, model, args=None, train_dataset=None, processing_class=None):
+        self.given = {"model": model, "args": args, "train_dataset": train_dataset, "processing_class": processing_class}
+
+
+@pytest.fixture
+def trainer_class():
+    cls = type("PatchedTrainer", (RecordingTrainer,), {})
+    patch_sft_trainer(cls, SFTConfig)
+    return cls
+
+
+def training_args(tmp_path, **values):
+    return TrainingArguments(output_dir=str(tmp_path / "outputs"), report_to="none", **values)
+
+
+def test_unsloth_arguments_move_into_an_sft_config(trainer_class, tmp_path):
+    trainer = trainer_class(
+        model="m", tokenizer="tok", train_dataset="ds",
+        dataset_text_field="body", max_seq_length=64, dataset_num_proc=1, packing=False,
+        args=training_args(tmp_path, max_steps=2, learning_rate=2e-4),
+    )
+    args = trainer.given["args"]
+    assert isinstance(args, SFTConfig)
+    assert (args.dataset_text_field, args.max_length, args.dataset_num_proc, args.packing) == ("body", 64, 1, False)
+    assert (args.max_steps, args.learning_rate) == (2, 2e-4)
+    assert trainer.given["processing_class"] == "tok" and trainer.given["train_dataset"] == "ds"
+
+
+def test_values_the_author_left_unset_keep_their_training_arguments_defaults(tmp_path):
+    # SFTConfig's own defaults differ: learning_rate 2e-5, gradient checkpointing on, logging every 10
+    # steps, and bf16 on unless fp16 is.
+    config = config_from(SFTConfig, training_args(tmp_path, max_steps=2, hub_token="secret"), {"max_seq_length": 64})
+    defaults = TrainingArguments(output_dir=str(tmp_path))
+    assert config.learning_rate == defaults.learning_rate == 5e-5
+    assert config.gradient_checkpointing is defaults.gradient_checkpointing is False
+    assert config.logging_steps == defaults.logging_steps == 500
+    assert config.bf16 is False and config.fp16 is False
+    assert config.hub_token == "secret"  # to_dict masks it as "<HUB_TOKEN>"
+    if not torch.cuda.is_available():  # SFTConfig's own default (bf16 on) would not even build on a CPU
+        with pytest.raises(ValueError, match="bf16"):
+            SFTConfig(output_dir=str(tmp_path))
+
+
+def test_an_sft_config_keeps_its_token_fields(tmp_path):
+    config = config_from(SFTConfig, SFTConfig(output_dir=str(tmp_path), bf16=False, eos_token="</s>"), {"packing": True})
+    assert config.eos_token == "</s>" and config.packing is True
+
+
+def test_nothing_to_move_passes_the_arguments_through(trainer_class, tmp_path):
+    args = training_args(tmp_path)
+    trainer = trainer_class(model="m", processing_class="tok", args=args)
+    assert trainer.given["args"] is args and trainer.given["processing_class"] == "tok"
+
+
+def test_a_misspelt_argument_is_still_an_error_naming_it(trainer_class, tmp_path):
+    with pytest.raises(TypeError, match="dataset_txt_field"):
+        trainer_class(model="m", dataset_txt_field="text", args=training_args(tmp_path))
+    with pytest.raises(TypeError, match="dataset_text_field"):  # no args to move it into, as with Unsloth
+        trainer_class(model="m", dataset_text_field="text")
+
+
+def test_patching_twice_wraps_once(trainer_class):
+    patched = trainer_class.__init__
+    patch_sft_trainer(trainer_class, SFTConfig)
+    assert trainer_class.__init__ is patched
+
+
+@pytest.fixture
+def hf_backend_active(monkeypatch):
+    """`backends.activate("hf")` as `setup` runs it; the real SFTTrainer is restored afterwards."""
+    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
+    monkeypatch.delitem(sys.modules, "unsloth", raising=False)
+    monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
+    backends.activate("hf")
+
+
+def test_only_the_hf_backend_patches_trl(monkeypatch):
+    from transformers import Trainer
+
+    monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
+    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
+    monkeypatch.setitem(sys.modules, "unsloth", type(sys)("unsloth"))  # a stand-in for the real Unsloth
+    backends.activate("unsloth")
+    assert not getattr(SFTTrainer.__init__, "nbddp_takes_unsloth_arguments", False)
+    backends.activate("hf")
+    assert SFTTrainer.__init__.nbddp_takes_unsloth_arguments
+
+
+@pytest.mark.parametrize("tokenizer_keyword", ["processing_class", "tokenizer"])  # as export writes it, as Unsloth's notebooks did
+def test_unsloth_style_trainer_trains_on_cpu(hf_backend_active, tiny_model_path, tmp_path, tokenizer_keyword):
+    from datasets import Dataset
+    from trl import SFTTrainer
+    from unsloth import FastLanguageModel, is_bfloat16_supported
+
+    ddp = DistributedContext()  # one CPU process
+    model, tokenizer = FastLanguageModel.from_pretrained(tiny_model_path, max_seq_length=64, load_in_4bit=False)
+    model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
+    dataset = Dataset.from_dict({"text": ["the cat sat on the mat", "a dog ran far away"] * 4})
+    trainer = SFTTrainer(
+        model=model,
+        **{tokenizer_keyword: tokenizer},
+        train_dataset=dataset,
+        dataset_text_field="text",
+        max_seq_length=64,
+        dataset_num_proc=1,
+        packing=False,
+        args=TrainingArguments(
+            per_device_train_batch_size=2,
+            warmup_steps=1,
+            max_steps=2,
+            learning_rate=2e-4,
+            fp16=ddp.gpu_only(not is_bfloat16_supported()),  # as export rewrites the notebook's flags
+            bf16=ddp.gpu_only(is_bfloat16_supported()),
+            logging_steps=1,
+            optim=ddp.optimizer("adamw_8bit"),
+            seed=3407,
+            output_dir=str(tmp_path / "outputs"),
+            report_to="none",
+        ),
+    )
+    assert isinstance(trainer.args, SFTConfig) and trainer.args.max_length == 64
+    assert trainer.processing_class is tokenizer
+    # nothing on the way turned mixed precision on: float32 on a CPU
+    assert trainer.args.bf16 is False and trainer.args.fp16 is False
+    assert trainer.accelerator.mixed_precision == "no"
+    stats = trainer.train()
+    assert trainer.state.global_step == 2 and torch.isfinite(torch.tensor(stats.training_loss))
