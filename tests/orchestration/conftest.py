@@ -1,5 +1,6 @@
 """Fixture scripts shaped like generated/train.py, copied into a scratch working directory per test."""
 
+import json
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,16 @@ def workdir(tmp_path, monkeypatch):
 
 def metric_lines(path):
     """The per-step records of a metrics.jsonl."""
-    import json
-
     return [record for record in map(json.loads, Path(path).read_text().splitlines()) if "event" not in record]
+
+
+REPO = Path(__file__).parents[2]
+# Tests of the real example pipeline (notebooks/ -> generated/train.py) run from the repository root.
+needs_generated_script = pytest.mark.skipif(not (REPO / "generated" / "train.py").exists(),
+                                            reason="generated/train.py is not exported")
+
+
+@pytest.fixture
+def repo_root(monkeypatch):
+    monkeypatch.chdir(REPO)
+    return REPO

@@ -8,6 +8,8 @@ from nbddp.orchestration import compare
 from nbddp.orchestration.regress import CaseResult, RegressionFailed, regress, report_rows
 from nbddp.orchestration.suite import Case
 
+from .conftest import needs_generated_script
+
 SUITE = textwrap.dedent("""\
     script: train_fixture.py
     timeout: 120
@@ -97,3 +99,10 @@ def test_bad_case_parameters_stop_before_any_run(workdir):
     with pytest.raises(UsageError, match="case one-process: max_steps: expected int"):
         regress(suite)
     assert not (workdir / "runs").exists()
+
+
+@pytest.mark.e2e
+@needs_generated_script
+def test_the_default_suite_holds_ddp_loss_parity(repo_root, tmp_path):
+    report = regress("regress.yaml", only="ddp-loss-parity", runs_root=tmp_path)
+    assert "| ddp-loss-parity | parity max abs loss diff |" in report.read_text()

@@ -10,7 +10,7 @@ from nbddp.orchestration.launch import LaunchOptions
 from nbddp.orchestration.notebook_run import NotebookRunFailed
 from nbddp.orchestration.run import LaunchFailed, run, summarise
 
-from .conftest import metric_lines
+from .conftest import metric_lines, needs_generated_script
 
 
 @pytest.fixture
@@ -80,3 +80,14 @@ def test_the_summary_finds_the_adapter_and_tensorboard_logs(tmp_path):
 def test_the_summary_says_when_nothing_was_saved(tmp_path):
     summary = summarise(tmp_path, Path(tmp_path / "missing"), tmp_path / "logs")
     assert "adapter:       none found" in summary
+
+
+@pytest.mark.e2e
+@needs_generated_script
+def test_the_example_pipeline_runs_on_two_cpu_processes(repo_root, tmp_path):
+    flags = [("max_steps", "4"), ("eval_steps", "2")]
+    summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path)
+    run_dir = next(tmp_path.iterdir())
+    assert len(metric_lines(run_dir / "train" / "metrics.jsonl")) == 4
+    assert f"adapter:       {run_dir / 'train' / 'lora_adapter'}" in summary
+    assert "tensorboard --logdir" in summary and "n/a" not in summary

@@ -9,7 +9,7 @@ from nbddp.errors import UsageError
 from nbddp.orchestration.notebook_run import NotebookRunFailed
 from nbddp.orchestration.smoke import smoke
 
-from .conftest import metric_lines
+from .conftest import metric_lines, needs_generated_script
 
 pytestmark = pytest.mark.e2e
 
@@ -56,3 +56,23 @@ def test_bad_parameters_stop_before_any_run(workdir):
     with pytest.raises(UsageError, match=r"-p max_steps 'three': expected int"):
         smoke("train_fixture.py", flags=[("max_steps", "three")])
     assert not (workdir / "runs").exists()
+
+
+@needs_generated_script
+def test_the_example_pipeline_smokes_on_cpu(repo_root, tmp_path):
+    result = smoke(flags=[("eval_steps", "2")], device="cpu", timeout=900, runs_root=tmp_path)
+    assert [record["step"] for record in metric_lines(result.metrics)] == [1, 2, 3]
+    assert (result.run_dir / "lora_adapter" / "adapter_config.json").exists()
+
+
+@needs_generated_script
+def test_a_bad_data_path_is_reported_in_the_data_prep_notebook(repo_root, tmp_path):
+    with pytest.raises(NotebookRunFailed) as error:
+        smoke(flags=[("data_path", "data/missing.jsonl")], device="cpu", timeout=900, runs_root=tmp_path)
+    failure = error.value
+    # The source cell is `from datasets import load_dataset`, a blank line, then the failing call;
+    # the generated script wrapped it in `with ddp.main_process_first():`.
+    assert failure.notebook == "notebooks/01_data_prep.ipynb" and failure.message.startswith("FileNotFoundError")
+    notebook = nbformat.read(repo_root / failure.notebook, as_version=4)
+    failing_line = notebook.cells[failure.cell - 1].source.splitlines()[failure.line - 1]
+    assert "load_dataset(" in failing_line and "data_path" in failing_line
