@@ -87,9 +87,14 @@ def parse_flag(name, text, default):
     if isinstance(default, str):
         return text
     try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        raise UsageError(f"{where}: expected a YAML literal like the default {default!r}") from None
+        value = ast.literal_eval(text)  # a Python literal, as the runtime's flags read it
+    except (ValueError, SyntaxError):
+        if default is None:
+            return text  # the runtime's rule: a None default takes a literal, else the text
+        try:
+            value = yaml.safe_load(text)  # YAML's flow style too: `{a: 1}`
+        except yaml.YAMLError:
+            raise UsageError(f"{where}: expected a {type(default).__name__} literal like {default!r}") from None
     return check_type(name, value, default, where)
 
 

@@ -58,8 +58,10 @@ def test_a_computed_default_is_an_error_at_its_cell_and_line():
     ("name", "3", "3"),
     ("layers", "[4, 5]", [4, 5]),
     ("extra", "{b: 2}", {"b": 2}),
+    ("extra", "{'b': [1]}", {"b": [1]}),
     ("cap", "7", 7),
-    ("cap", "null", None),
+    ("cap", "None", None),
+    ("cap", "float16", "float16"),
 ])
 def test_flag_text_is_typed_like_the_default(defaults, name, text, expected):
     value = parameters.resolve(defaults, flag_values=[(name, text)])[name]
@@ -71,6 +73,7 @@ def test_flag_text_is_typed_like_the_default(defaults, name, text, expected):
     ("lr", "fast", "float"),
     ("packing", "maybe", "bool"),
     ("layers", "{a: 1}", "list"),
+    ("layers", "(4,)", "list"),
 ])
 def test_a_bad_value_names_the_flag_and_the_expected_type(defaults, name, text, expected_type):
     with pytest.raises(UsageError, match=rf"-p {name} .*expected {expected_type}"):
