@@ -97,6 +97,7 @@ print(f"held-out loss after {trainer.state.global_step} steps: {eval_metrics['ev
 # %%
 model.save_pretrained(f"{output_dir}/lora_adapter")
 tokenizer.save_pretrained(f"{output_dir}/lora_adapter")
+print(f"saved the adapters and tokenizer to {output_dir}/lora_adapter")
 
 # %% [markdown]
 # ### Inference
