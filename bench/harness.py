@@ -40,7 +40,7 @@ PACKAGES = ("torch", "transformers", "trl", "peft", "accelerate", "datasets", "b
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
                "UNSLOTH_DISABLE_STATISTICS": "1", "PYTHONUNBUFFERED": "1"}
-FIRST_TRIAL_GUESS_S = {"llama-1.1b": 90, "llama3-8b": 95}  # before any trial of the shape has run (8B: 59-74 s seen)
+FIRST_TRIAL_GUESS_S = {"llama-1.1b": 90, "llama3-8b": 100}  # before any trial of the shape has run (8B: 59-93 s seen)
 MAX_TRIAL_S = {"llama-1.1b": 200, "llama3-8b": 300}  # a trial still running then is hung, not slow
 DATA_ROWS = 512  # enough for every planned trial without a second epoch
 LOG_TAIL_LINES = 40
@@ -310,7 +310,7 @@ class Runner:
             env["BENCH_T0"] = repr(time.time())
             env_shown = {**variant.env, "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
             trial = {"label": label, "round": round_index, "gpus": list(gpus), "dir": str(trial_dir),
-                     "command": " ".join(f"{k}={v}" for k, v in env_shown.items()) + " " + shlex.join(command[1:]),
+                     "command": " ".join(f"{k}={v}" for k, v in env_shown.items()) + " " + shlex.join(["python3", *command[1:]]),
                      "ddp_overrides": variant.ddp,
                      "checkpointing": variant.settings.get("use_gradient_checkpointing", "unsloth"),
                      "started": time.time()}

@@ -85,7 +85,22 @@ def scaling_points(results):
     return points
 
 
-def plot(points, path):
+def other_two_gpu_points(results):
+    """(name, tok/s) of 2-GPU variants in a scaling experiment that are not its scaled variant (the reference)."""
+    points = []
+    for name, result in results.items():
+        scaled = {c["numerator"] for c in result["summary"]["comparisons"]}
+        gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
+        if not any(gpus.get(c["denominator"]) == 1 and gpus.get(c["numerator"]) == 2
+                   for c in result["summary"]["comparisons"]):
+            continue
+        for label, summary in result["summary"]["variants"].items():
+            if gpus.get(label) == 2 and label not in scaled:
+                points.append((f"{name}: {label}", summary["tokens_per_s_median"]))
+    return points
+
+
+def plot(points, path, others=()):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -99,6 +114,8 @@ def plot(points, path):
         axis.plot([1, 2, 4], [one, 2 * one, 4 * one], ":", color=line.get_color(), alpha=0.4)
         axis.annotate(f"4 GPUs projected\n(eff. {projected_efficiency(efficiency):.2f})", (4, four),
                       textcoords="offset points", xytext=(-90, -25), fontsize=7)
+    for name, tokens_per_s in others:
+        axis.plot([2], [tokens_per_s], "x", markersize=9, label=name)
     axis.set_xticks([1, 2, 4])
     axis.set_xlabel("GPUs (H200, same per-GPU batch); dotted: ideal, dashed: projection")
     axis.set_ylabel("tokens/s (median over steady-state steps)")
@@ -118,7 +135,7 @@ def main():
     results = load(args.results)
     print(markdown(results))
     if args.plot:
-        plot(scaling_points(results), args.plot)
+        plot(scaling_points(results), args.plot, other_two_gpu_points(results))
 
 
 if __name__ == "__main__":

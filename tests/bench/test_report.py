@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bench.report import load, markdown, plot, projected_efficiency, scaling_points
+from bench.report import load, markdown, other_two_gpu_points, plot, projected_efficiency, scaling_points
 
 
 def result(one=40_000.0, two=76_000.0):
@@ -33,5 +33,6 @@ def test_markdown_and_plot_from_results_files(tmp_path):
     assert "| g2 / g1 | 1.900 | 1.900 | 0.950 | 1.000 |" in text
     points = scaling_points(results)
     assert points == [("scaling_toy: g2", 40_000.0, 76_000.0, pytest.approx(0.95))]
-    plot(points, tmp_path / "scaling.png")
+    assert other_two_gpu_points(results) == []  # the only 2-GPU variant is the scaled one
+    plot(points, tmp_path / "scaling.png", [("reference", 80_000.0)])
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
