@@ -8,47 +8,7 @@ Convention (model FLOPs, no recompute counted, so checkpointing lowers MFU rathe
 per layer per token, with N the linear weights of every decoder layer plus lm_head (the embedding
 lookup is no matmul). Same formula for QLoRA: the 4-bit weights are dequantised to bf16 matmuls.
 """
-
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def linear_shapes(config):
-    """(name, in_features, out_features) of each linear layer in one decoder layer."""
-    hidden = config["hidden_size"]
-    inner = config["intermediate_size"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    q_dim = config["num_attention_heads"] * head_dim
-    kv_dim = config["num_key_value_heads"] * head_dim
-    return [
-        ("q_proj", hidden, q_dim),
-        ("k_proj", hidden, kv_dim),
-        ("v_proj", hidden, kv_dim),
-        ("o_proj", q_dim, hidden),
-        ("gate_proj", hidden, inner),
-        ("up_proj", hidden, inner),
-        ("down_proj", inner, hidden),
-    ]
-
-
-def parameter_counts(config, lora_r=16, targets=LORA_TARGETS):
-    """Parameters of the base model (split into decoder linears, embeddings+head, norms) and of the LoRA adapters."""
-    layers = config["num_hidden_layers"]
-    hidden = config["hidden_size"]
-    vocab = config["vocab_size"]
-    shapes = linear_shapes(config)
-    decoder_linear = layers * sum(i * o for _, i, o in shapes)
-    head = hidden * vocab
-    embedding = 0 if config.get("tie_word_embeddings") else hidden * vocab
-    norms = (2 * layers + 1) * hidden
-    lora = layers * sum(lora_r * (i + o) for name, i, o in shapes if name in targets)
-    return {
-        "decoder_linear": decoder_linear,
-        "lm_head": head,
-        "embedding": embedding,
-        "norms": norms,
-        "base_total": decoder_linear + head + embedding + norms,
-        "lora": lora,
-    }
+from nbddp.runtime.memory_estimate import LORA_TARGETS, parameter_counts  # one parameter count for flops and memory
 
 
 def flops_per_token(config, seq_len, lora_r=16, targets=LORA_TARGETS):

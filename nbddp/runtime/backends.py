@@ -10,7 +10,7 @@ import sys
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime import hf_backend
+from nbddp.runtime import checkpointing, hf_backend
 from nbddp.runtime.flags import BACKEND_CHOICES
 
 
@@ -45,6 +45,7 @@ def activate(backend: str) -> None:
         from nbddp.runtime.trl_compat import patch_sft_trainer
 
         patch_sft_trainer(SFTTrainer, SFTConfig)
+        _patch_trainer_for_checkpointing()
         return
     # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank
     # imports it: once the process group exists, Unsloth's compiler lets global rank 0 write
@@ -57,6 +58,14 @@ def activate(backend: str) -> None:
     from nbddp.runtime.trainer_patches import patch_compute_loss
 
     patch_compute_loss(Trainer)
+    _patch_trainer_for_checkpointing()
+
+
+def _patch_trainer_for_checkpointing() -> None:
+    """Trainers honour and check the gradient checkpointing the notebook chose (see `checkpointing`)."""
+    from transformers import Trainer
+
+    checkpointing.patch_trainer(Trainer)
 
 
 def _unsloth_installed() -> bool:

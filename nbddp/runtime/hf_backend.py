@@ -20,6 +20,7 @@ import sys
 import torch
 
 from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
+from nbddp.runtime.checkpointing import peft_mode
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -100,8 +101,9 @@ class FastLanguageModel:
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
         from transformers import set_seed
 
-        # Unsloth's "unsloth" mode is its own offloading variant; here it is plain gradient checkpointing.
-        checkpointing = bool(use_gradient_checkpointing)
+        # "false" arrives as a string from flags and papermill (bool() would read it as True); Unsloth's
+        # "unsloth" mode is its own offloading variant, here plain gradient checkpointing.
+        checkpointing = peft_mode(use_gradient_checkpointing) != "off"
         checkpointing_kwargs = {"use_reentrant": False}
         if getattr(model, "hf_quantizer", None) is not None:
             model = prepare_model_for_kbit_training(
