@@ -11,6 +11,10 @@ class UsageError(NbddpError):
     """A bad command-line flag or value; the message names the flag."""
 
 
+class DataError(NbddpError):
+    """Input data the notebooks cannot use; the message names the file (or dataset) and the row."""
+
+
 class NotebookError(NbddpError):
     """Something wrong in a notebook, located by notebook path, 1-based cell and 1-based line."""
 

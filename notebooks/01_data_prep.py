@@ -49,11 +49,15 @@ eval_rows = 200  # rows held out for the evaluation loss
 # %% [markdown]
 # ### Tokenizer
 # The formatted texts must end with the model's end-of-sequence token, or the fine-tuned model never
-# learns to stop. Only the tokenizer is needed here; `02_lora_setup` loads the model.
+# learns to stop. Only the tokenizer is needed here; `02_lora_setup` loads the model. `require_model`
+# first says plainly when `model_name` is neither a local model folder nor a model the Hugging Face
+# cache or Hub has (Transformers' own error comes after a minute of retries and names neither).
 
 # %%
 from transformers import AutoTokenizer
+from nbddp.runtime.models import require_model
 
+require_model(model_name)
 tokenizer = AutoTokenizer.from_pretrained(model_name)
 EOS_TOKEN = tokenizer.eos_token  # appended to every training text
 
@@ -84,14 +88,18 @@ def formatting_prompts_func(examples):
 
 # %% [markdown]
 # ### Load, format, split
-# The data is a local JSON-lines file, so no hub is involved. The split is seeded: every process of a
-# distributed run, and every rerun, holds out the same rows. (Tagged `main-process-first`: in the
-# exported script the first process fills the datasets cache and the others then read it.)
+# The data is a local JSON-lines file, so no hub is involved. `require_fields` names the first row that
+# lacks a column the prompt needs (`data/x.jsonl row 17: missing "output"`) instead of letting the
+# formatting fail inside `map`. The split is seeded: every process of a distributed run, and every
+# rerun, holds out the same rows. (Tagged `main-process-first`: in the exported script the first
+# process fills the datasets cache and the others then read it.)
 
 # %% tags=["main-process-first"]
 from datasets import load_dataset
+from nbddp.runtime.data import require_fields
 
 dataset = load_dataset("json", data_files = data_path, split = "train")
+require_fields(dataset, ["instruction", "input", "output"], source = data_path)
 dataset = dataset.map(formatting_prompts_func, batched = True,)
 split = dataset.train_test_split(test_size = eval_rows, seed = 3407)
 train_dataset, eval_dataset = split["train"], split["test"]

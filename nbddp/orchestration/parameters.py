@@ -5,12 +5,14 @@ the default's type decides, so `-p max_steps 3` is the int 3 and `-p lr 2e-4` th
 """
 
 import ast
+import difflib
 
 import yaml
 
 from nbddp.errors import NotebookError, UsageError
 
 PARAMETERS_TAG = "parameters"
+NBDDP_PARAMETERS = {"backend"}  # the parameter export adds to every script (docs/design.md)
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
 
@@ -65,9 +67,15 @@ def resolve(defaults, file_values=None, flag_values=(), file_label="-f"):
 
 
 def _check_known(name, defaults, where):
-    if name not in defaults:
-        known = ", ".join(sorted(defaults))
-        raise UsageError(f"{where}: unknown parameter `{name}` (the script's parameters: {known})")
+    if name in defaults:
+        return
+    if not defaults.keys() - NBDDP_PARAMETERS:
+        raise UsageError(f"{where}: unknown parameter `{name}`: the notebooks define no parameters "
+                         "(tag a cell `parameters` to make its assignments parameters)")
+    close = difflib.get_close_matches(name, defaults, n=1)
+    hint = f"did you mean `{close[0]}`? " if close else ""
+    known = ", ".join(sorted(defaults))
+    raise UsageError(f"{where}: unknown parameter `{name}` ({hint}the script's parameters: {known})")
 
 
 def parse_flag(name, text, default):

@@ -2,15 +2,22 @@
 
 Each parameter becomes one `--name VALUE` flag whose type is the type of its default. Inside a Jupyter
 kernel (papermill's smoke run) nothing is parsed: `sys.argv` is the kernel's own there, and papermill
-injects the parameters itself.
+injects the parameters itself. Either way, once the values are final, a parameter named `output_dir`
+(Trainer's name, which smoke and run set too) is checked before any work (`preflight`).
 """
 import argparse
 import ast
+import difflib
 import os
 import sys
 
+from nbddp.errors import UsageError
+from nbddp.runtime import preflight
+
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
+NBDDP_OWN = "nbddp"  # what `defined_in` says for nbddp's own parameters (backend)
+OUTPUT_DIR = "output_dir"
 
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
@@ -25,15 +32,44 @@ def running_in_kernel() -> bool:
 
 
 def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
-    """Override the parameters in `namespace` from `sys.argv[1:]` (script mode only).
+    """Override the parameters in `namespace` from `sys.argv[1:]` (script mode only), then check `output_dir`.
 
     `defined_in` maps each parameter name to the notebook that defines it (shown in `--help`).
-    An unknown flag or a value of the wrong type exits with status 2, naming the flag.
+    An unknown flag, a value of the wrong type or an unusable output_dir exits with status 2, naming the
+    flag; in a kernel, an unusable output_dir raises UsageError instead.
     """
-    if running_in_kernel():
+    script_mode = not running_in_kernel()
+    if script_mode:
+        namespace.update(vars(_parse(_build_parser(namespace, defined_in), defined_in)))
+    if OUTPUT_DIR not in defined_in:
         return
-    parser = _build_parser(namespace, defined_in)
-    namespace.update(vars(parser.parse_args(sys.argv[1:])))
+    try:
+        preflight.check_output_dir(namespace[OUTPUT_DIR])
+    except UsageError as error:
+        if not script_mode:
+            raise
+        print(f"nbddp: error: {error}", file=sys.stderr)
+        sys.exit(error.exit_status)
+
+
+def _parse(parser: argparse.ArgumentParser, defined_in: dict[str, str]) -> argparse.Namespace:
+    """argparse's parse_args, with a hint on what an unknown flag might have meant."""
+    values, unknown = parser.parse_known_args(sys.argv[1:])
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{_unknown_hint(unknown, defined_in)}")
+    return values
+
+
+def _unknown_hint(unknown: list[str], defined_in: dict[str, str]) -> str:
+    notebook_parameters = [name for name, notebook in defined_in.items() if notebook != NBDDP_OWN]
+    if not notebook_parameters:
+        return " (the notebooks define no parameters: tag a cell `parameters` to make its assignments flags)"
+    flags = [f"--{name}" for name in defined_in]
+    for word in unknown:
+        close = difflib.get_close_matches(word.split("=")[0], flags, n=1) if word.startswith("--") else []
+        if close:
+            return f" (did you mean {close[0]}?)"
+    return ""
 
 
 def _build_parser(namespace: dict, defined_in: dict[str, str]) -> argparse.ArgumentParser:

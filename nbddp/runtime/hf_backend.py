@@ -21,6 +21,7 @@ import torch
 
 from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
 from nbddp.runtime.checkpointing import peft_mode
+from nbddp.runtime.models import require_model
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -56,6 +57,7 @@ class FastLanguageModel:
         """Load `(model, tokenizer)`; other keyword arguments go to `AutoModelForCausalLM.from_pretrained`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        require_model(model_name)  # a clear error now, rather than Transformers' after a minute of retries
         dtype = _resolve_dtype(dtype)
         options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
         if (load_in_4bit or load_in_8bit) and not full_finetuning:

@@ -5,6 +5,13 @@
     ...
     [rank 1] nbddp: generated/train.py line 57 comes from notebooks/03_train.ipynb, cell 4, line 2
 
+Bad input the runtime detects (an `NbddpError`: a data row missing a field, a model that is not there)
+is the user's to fix, not a bug: it is reported as one paragraph without a traceback, and the process
+exits with the error's status (2):
+
+    nbddp: error: data/x.jsonl row 17: missing "output"
+      generated/train.py line 61 comes from notebooks/01_data_prep.ipynb, cell 9, line 3
+
 The `[rank R]` prefix appears only when torchrun started more than one process, so interleaved reports
 from several ranks stay readable.
 """
@@ -12,6 +19,7 @@ import os
 import sys
 import traceback
 
+from nbddp.errors import NbddpError
 from nbddp.runtime import sourcemap
 
 
@@ -22,19 +30,34 @@ def install(script: str) -> None:
     def report_with_origin(exc_type, exc, tb):
         sys.stderr.write(format_report(exc_type, exc, tb, script))
         sys.stderr.flush()
+        if issubclass(exc_type, NbddpError):
+            # SystemExit raised by the excepthook sets the exit status; the interpreter still shuts down normally.
+            raise SystemExit(exc.exit_status)
 
     sys.excepthook = report_with_origin
 
 
 def format_report(exc_type, exc, tb, script: str) -> str:
-    lines = traceback.format_exception(exc_type, exc, tb)
-    origin_line = _origin_line(tb, script)
-    if origin_line:
-        lines.append(origin_line + "\n")
-    text = "".join(lines)
+    if issubclass(exc_type, NbddpError):
+        text = _bad_input_paragraph(exc, tb, script)
+    else:
+        lines = traceback.format_exception(exc_type, exc, tb)
+        origin_line = _origin_line(tb, script)
+        if origin_line:
+            lines.append(origin_line + "\n")
+        text = "".join(lines)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         prefix = f"[rank {os.environ.get('RANK', '?')}] "
         text = "".join(prefix + line for line in text.splitlines(keepends=True))
+    return text
+
+
+def _bad_input_paragraph(exc, tb, script: str) -> str:
+    """The error's own message, then where the script raised it (no traceback: the message says what to fix)."""
+    text = f"nbddp: error: {exc}\n"
+    origin_line = _origin_line(tb, script)
+    if origin_line:
+        text += "  " + origin_line.removeprefix("nbddp: ") + "\n"
     return text
 
 

@@ -115,3 +115,14 @@ def test_script_flags_are_text_the_runtime_parses_back(defaults):
     flags = parameters.as_script_flags(overrides)
     assert flags == ["--rows", "3", "--lr", "1e-05", "--packing", "true", "--name", "x y", "--layers", "[1]",
                      "--cap", "None"]
+
+
+def test_an_unknown_parameter_gets_the_closest_name(defaults):
+    with pytest.raises(UsageError, match=r"-p row: unknown parameter `row` \(did you mean `rows`\? the script's"):
+        parameters.resolve(defaults, flag_values=[("row", "3")])
+
+
+def test_a_script_without_notebook_parameters_says_so():
+    # The parameters cell of a pipeline whose notebooks define none holds only nbddp's own `backend`.
+    with pytest.raises(UsageError, match=r"-p x: unknown parameter `x`: the notebooks define no parameters"):
+        parameters.resolve({"backend": "auto"}, flag_values=[("x", "1")])

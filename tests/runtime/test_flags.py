@@ -149,3 +149,20 @@ def test_running_in_kernel_follows_the_real_kernel_singleton():
         assert flags.running_in_kernel()
     finally:
         IPKernelApp.clear_instance()
+
+
+def test_an_unknown_flag_suggests_the_closest_parameter(monkeypatch, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, "--learning-rate", "1e-3")
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --learning-rate 1e-3 (did you mean --learning_rate?)" in capsys.readouterr().err
+
+
+def test_flags_for_a_pipeline_without_parameters_say_so(monkeypatch, capsys):
+    # A pipeline whose notebooks have no `parameters` cell: the script knows only nbddp's --backend.
+    monkeypatch.setattr(sys, "argv", ["generated/train.py", "--x", "1"])
+    with pytest.raises(SystemExit) as exit_info:
+        apply_flags({"backend": "auto"}, {"backend": "nbddp"})
+    assert exit_info.value.code == 2
+    assert ("unrecognized arguments: --x 1 (the notebooks define no parameters: tag a cell `parameters` "
+            "to make its assignments flags)") in capsys.readouterr().err

@@ -105,3 +105,28 @@ def test_an_unreadable_map_is_named_after_the_traceback(tmp_path):
     error = raise_in(script, 7)
     report = tracebacks.format_report(type(error), error, error.__traceback__, str(script))
     assert "ValueError: bad value" in report and "could not read the source map" in report.splitlines()[-1]
+
+
+def test_bad_input_is_one_paragraph_and_exit_status_2(tmp_path):
+    # The notebook cell's second line raises nbddp's DataError, as require_fields does for a bad row.
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.replace(
+        "print(rows[10])", "from nbddp.errors import DataError; raise DataError('data/x.jsonl row 17: missing \"output\"')"))
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[-2:] == [
+        'nbddp: error: data/x.jsonl row 17: missing "output"',
+        "  train.py line 8 comes from notebooks/03_train.ipynb, cell 4, line 2",
+    ]
+    assert "Traceback" not in result.stderr and "Error in sys.excepthook" not in result.stderr
+
+
+def test_bad_input_from_several_ranks_carries_the_rank(tmp_path, monkeypatch):
+    from nbddp.errors import UsageError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    error = UsageError("model 'models/x': no such directory")
+    report = tracebacks.format_report(UsageError, error, None, str(tmp_path / "train.py"))
+    assert report == "[rank 1] nbddp: error: model 'models/x': no such directory\n"
