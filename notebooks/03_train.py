@@ -36,12 +36,17 @@ eval_steps = 100  # held-out loss every this many steps (and before the first)
 optim = "adamw_torch"  # "adamw_8bit" saves memory on a GPU (bitsandbytes)
 output_dir = "outputs"
 seed = 3407
+save_steps = 0  # a checkpoint every this many steps in <output_dir>/checkpoint-N/ (0: none), to resume from
+save_total_limit = 2  # checkpoints kept: the newest ones
 
 # %% [markdown]
 # ### Trainer
 # Logs go to the console every step, to TensorBoard (`<output_dir>/runs/`) and, through nbddp's
 # `MetricsCallback`, to `<output_dir>/metrics.jsonl`, which the loss plot below and `pipeline.py run`
 # read. Mixed precision needs a GPU: bfloat16 where it is supported, else float16; float32 on CPU.
+# With `save_steps` > 0 a checkpoint lands in `<output_dir>/checkpoint-N/` every `save_steps` steps
+# (the newest `save_total_limit` are kept); the exported script run with `--resume true` continues
+# from the last one that every process finished writing.
 
 # %%
 from trl import SFTConfig, SFTTrainer
@@ -73,7 +78,9 @@ trainer = SFTTrainer(
         lr_scheduler_type = "linear",
         seed = seed,
         output_dir = output_dir,
-        save_strategy = "no",  # the adapters are saved below
+        save_strategy = "steps" if save_steps else "no",  # checkpoints to resume from; the adapters are saved below
+        save_steps = save_steps,
+        save_total_limit = save_total_limit,
         report_to = "tensorboard",
     ),
     callbacks = [MetricsCallback(f"{output_dir}/metrics.jsonl")],

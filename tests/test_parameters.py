@@ -38,12 +38,13 @@ def test_anything_but_a_literal_assignment_is_an_error_at_its_line(source, line,
     assert (error.value.notebook, error.value.cell, error.value.line) == ("notebooks/01_data.ipynb", 3, line)
 
 
-def test_a_name_the_script_uses_itself_is_an_error():
-    with pytest.raises(NotebookError, match="'backend' is taken"):
-        read_parameters(parameters_cell("01_data.ipynb", 1, "backend = 'hf'\n"))
+@pytest.mark.parametrize("name", ["backend", "resume"])
+def test_a_name_the_script_uses_itself_is_an_error(name):
+    with pytest.raises(NotebookError, match=f"'{name}' is taken"):
+        read_parameters(parameters_cell("01_data.ipynb", 1, f"{name} = 'hf'\n"))
 
 
-def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_backend():
+def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
     merged = merge_parameters([
         parameters_cell("01_data.ipynb", 2, "rows = 8  # how many\n\n# seed for shuffling\nseed = 0"),
         parameters_cell("02_train.ipynb", 1, "lr = 1e-3"),
@@ -57,6 +58,7 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_backend():
         "lr = 1e-3",
         "# nbddp",
         'backend = "auto"  # auto | unsloth | hf',
+        "resume = False  # continue from the last complete checkpoint in output_dir",
     ]
     assert merged.origin == [
         None,
@@ -67,8 +69,10 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_backend():
         ["notebooks/02_train.ipynb", 1, 1],
         None,
         None,
+        None,
     ]
-    assert merged.defined_in == {"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb", "backend": "nbddp"}
+    assert merged.defined_in == {"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb",
+                                 "backend": "nbddp", "resume": "nbddp"}
 
 
 def test_same_name_with_the_same_default_is_merged_once():
@@ -97,7 +101,11 @@ def test_equal_values_of_different_types_are_different_defaults():
         merge_parameters([parameters_cell("01_a.ipynb", 1, "x = 1"), parameters_cell("02_b.ipynb", 1, "x = 1.0")])
 
 
-def test_no_parameters_cells_still_give_nbddp_backend():
+def test_no_parameters_cells_still_give_nbddp_backend_and_resume():
     merged = merge_parameters([])
-    assert merged.source == '# nbddp\nbackend = "auto"  # auto | unsloth | hf'
-    assert merged.defined_in == {"backend": "nbddp"}
+    assert merged.source.splitlines() == [
+        "# nbddp",
+        'backend = "auto"  # auto | unsloth | hf',
+        "resume = False  # continue from the last complete checkpoint in output_dir",
+    ]
+    assert merged.defined_in == {"backend": "nbddp", "resume": "nbddp"}

@@ -10,12 +10,17 @@ from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import parse_cell
 
-# nbddp's own parameter, appended after the stages' parameters; it picks the training backend.
-NBDDP_PARAMETER_LINES = ("# nbddp", 'backend = "auto"  # auto | unsloth | hf')
-NBDDP_PARAMETERS = {"backend": "nbddp"}
+# nbddp's own parameters, appended after the stages' parameters: the training backend, and whether
+# trainer.train() continues from the last complete checkpoint in output_dir (see runtime.setup).
+NBDDP_PARAMETER_LINES = (
+    "# nbddp",
+    'backend = "auto"  # auto | unsloth | hf',
+    "resume = False  # continue from the last complete checkpoint in output_dir",
+)
+NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp"}
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
-RESERVED_NAMES = ("backend", "ddp", "runtime")
+RESERVED_NAMES = ("backend", "resume", "ddp", "runtime")
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,11 @@
 
     from nbddp import runtime
     runtime.apply_flags(globals(), defined_in={"rows": "01_data_prep.ipynb", "backend": "nbddp"})
-    ddp = runtime.setup(backend=backend, script=globals().get("__file__"))
+    ddp = runtime.setup(backend=backend, resume=resume, script=globals().get("__file__"))
 
 `apply_flags` turns the parameters into command-line flags; `setup` joins torchrun's process group, picks
-the backend and returns `ddp` (a `context.DistributedContext`). torch is imported only by `setup`, so
+the backend, gives every Trainer completion markers for its checkpoints (`checkpoint_callback`) and returns
+`ddp` (a `context.DistributedContext`), which knows whether this run resumes. torch is imported only by `setup`, so
 `train.py --help` answers at once; transformers, trl and peft only after Unsloth, or (hf backend) when
 `setup` patches TRL (see `backends`).
 """
@@ -18,8 +19,12 @@ from nbddp.runtime.flags import apply_flags, running_in_kernel
 __all__ = ["apply_flags", "setup"]
 
 
-def setup(backend: str, script: str | None):
-    """Prepare this process for the notebooks' code and return its `DistributedContext`."""
+def setup(backend: str, script: str | None, resume: bool = False):
+    """Prepare this process for the notebooks' code and return its `DistributedContext`.
+
+    `resume`: `trainer.train()` continues from the newest complete checkpoint (see
+    `DistributedContext.checkpoint_to_resume`); a worker torchrun restarted resumes without being asked.
+    """
     from nbddp.runtime import backends, script_display, tracebacks
     from nbddp.runtime.context import init_distributed
 
@@ -30,13 +35,16 @@ def setup(backend: str, script: str | None):
         builtins.display = script_display.display  # notebook cells call IPython's builtin display() bare
     try:
         chosen, reason = backends.choose(backend)
-        ddp = init_distributed()
+        ddp = init_distributed(resume)
     except NbddpError as error:
         if not script_mode:
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
     backends.activate(chosen)
+    from nbddp.runtime import checkpoint_callback  # imports transformers: only once the backend is active
+
+    checkpoint_callback.register()
     if ddp.is_main_process:
         print(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}", flush=True)
     return ddp

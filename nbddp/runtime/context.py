@@ -4,6 +4,7 @@ Like nanoGPT's DDP block: under torchrun (WORLD_SIZE > 1) it joins the process g
 it defines the same names (rank 0, world size 1), so generated code never asks which mode it is in.
 """
 import contextlib
+import functools
 import importlib.util
 import inspect
 import os
@@ -13,6 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
 
 # transformers' bitsandbytes optimizers (transformers.trainer_optimizer._BITSANDBYTES_OPTIMIZERS): they need
@@ -28,7 +30,8 @@ BITSANDBYTES_OPTIMIZERS = frozenset({
 class DistributedContext:
     """This process's place in the run; the generated script calls it `ddp`."""
 
-    def __init__(self, rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu")):
+    def __init__(self, rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
+                 resume=False, restart_count=0):
         self.rank = rank
         self.local_rank = local_rank
         self.world_size = world_size
@@ -36,6 +39,8 @@ class DistributedContext:
         self.device = device
         self.on_gpu = device.type == "cuda"
         self.is_main_process = rank == 0
+        self.restart_count = restart_count  # torchrun restarted the workers this many times (--max-restarts)
+        self.resume = resume or restart_count > 0  # a restarted worker continues where the group left off
         self._warned_optimizers = set()
 
     def __repr__(self):
@@ -82,6 +87,39 @@ class DistributedContext:
             print(f"nbddp: optim={name!r} needs bitsandbytes and CUDA; using 'adamw_torch' here", file=sys.stderr)
         return "adamw_torch"
 
+    def checkpoint_to_resume(self, trainer):
+        """For `trainer.train(resume_from_checkpoint=...)`: the newest complete checkpoint in the trainer's
+        output_dir when this run resumes (`--resume`, or torchrun restarted the workers), else None.
+
+        Rank 0 first deletes the checkpoint directories a stopped run left half-written, then chooses; every
+        rank gets rank 0's choice, so all of them load the same checkpoint.
+        """
+        if not self.resume:
+            return None
+        output_dir = trainer.args.output_dir
+        chosen = None
+        if self.is_main_process:
+            for path in checkpoint_markers.incomplete_dirs(output_dir):
+                print(f"nbddp: removing {path}: incomplete (the run stopped while writing it)", flush=True)
+                checkpoint_markers.remove(path)
+            chosen = checkpoint_markers.latest_complete(output_dir)
+            self._announce_resume(chosen, output_dir)
+        if dist.is_initialized():
+            shared = [str(chosen.path) if chosen else None]
+            dist.broadcast_object_list(shared, src=0, device=self.device)
+            return shared[0]
+        return str(chosen.path) if chosen else None
+
+    def _announce_resume(self, chosen, output_dir):
+        why = f"torchrun restart {self.restart_count}" if self.restart_count else "--resume"
+        if chosen is None:
+            print(f"nbddp: {why}: no complete checkpoint in {output_dir}; training from the start", flush=True)
+            return
+        print(f"nbddp: {why}: resuming from {chosen.path} (step {chosen.step})", flush=True)
+        if chosen.world_size != self.world_size:
+            print(f"nbddp: warning: {chosen.path} was written by {chosen.world_size} processes, this run has "
+                  f"{self.world_size}: the batches after it differ from an uninterrupted run's", file=sys.stderr)
+
     def shutdown(self):
         """Wait for every rank, then leave the process group; harmless without one or when called twice."""
         if dist.is_initialized():
@@ -89,8 +127,9 @@ class DistributedContext:
             dist.destroy_process_group()
 
 
-def init_distributed() -> DistributedContext:
+def init_distributed(resume=False) -> DistributedContext:
     """Read torchrun's environment and, when there is more than one process, join the process group."""
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -113,7 +152,25 @@ def init_distributed() -> DistributedContext:
             # accelerate (so Trainer) runs DDP over gloo only when told that this is a CPU run; without
             # it, every rank would silently train alone on the whole dataset.
             os.environ.setdefault("ACCELERATE_USE_CPU", "true")
-    return DistributedContext(rank, local_rank, world_size, local_world_size, device)
+            _load_onto_indexed_cpu()
+    return DistributedContext(rank, local_rank, world_size, local_world_size, device, resume, restart_count)
+
+
+@functools.cache  # once per process
+def _load_onto_indexed_cpu():
+    """Let `torch.load(map_location=torch.device("cpu", 0))` work.
+
+    accelerate gives every CPU process of a distributed run the device `cpu:0` (state.py, `set_device`), and Trainer
+    loads a checkpoint's optimizer state with `map_location=args.device` when the world is larger than 1
+    (`_load_optimizer_and_scheduler`); torch only knows the location "cpu", so resuming a gloo run failed with
+    "don't know how to restore data location of torch.storage.UntypedStorage (tagged with cpu:0)".
+    Registered after torch's own "cpu" (priority 10); it tags nothing when saving.
+    """
+    torch.serialization.register_package(11, lambda storage: None, _indexed_cpu)
+
+
+def _indexed_cpu(storage, location):
+    return storage if location.startswith("cpu:") else None
 
 
 def _init_nccl(device, timeout):

@@ -7,8 +7,12 @@
 Tokens are Trainer's own count of non-padding input tokens, gathered over all ranks, so `tokens_per_s` is
 the throughput of the whole run over the logging interval. Peak memory is this rank's CUDA memory reserved
 by PyTorch on a GPU, and the process's peak resident memory on a CPU.
+
+Each `trainer.train()` starts the file afresh, except one that resumes from a checkpoint at step S: it keeps
+the lines up to step S and appends, so a run killed and resumed reads as one run.
 """
 import json
+import os
 import resource
 import time
 from pathlib import Path
@@ -31,7 +35,7 @@ class MetricsCallback(TrainerCallback):
         self._last_tokens = state.num_input_tokens_seen
         if state.is_world_process_zero:  # one file per training run
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text("")
+            self._start_file(resumed_at=state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or not logs:
@@ -56,6 +60,23 @@ class MetricsCallback(TrainerCallback):
         }
         self._last_time, self._last_tokens = now, tokens
         return record
+
+    def _start_file(self, resumed_at: int) -> None:
+        """Empty the file; when resuming from a checkpoint at step `resumed_at` > 0, keep the lines up to that step,
+        so the file reads as one run. Rewritten whole (temp file, os.replace): the old lines are the only record of
+        the steps before the checkpoint."""
+        kept = []
+        if resumed_at and self.path.exists():
+            for line in self.path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:  # the last line of a run killed while writing it
+                    continue
+                if record.get("step", resumed_at + 1) <= resumed_at:
+                    kept.append(line + "\n")
+        temp = self.path.with_name(f".{self.path.name}.tmp")
+        temp.write_text("".join(kept), encoding="utf-8")
+        os.replace(temp, self.path)
 
     def _write(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

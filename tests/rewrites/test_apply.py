@@ -189,7 +189,8 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
     ):
         assert rewritten in codes[4]
     assert 'if ddp.is_main_process:\n    print(f"GPU = ' in codes[5]
-    assert codes[6] == "trainer_stats = trainer.train()"  # collective: untouched
+    # a collective, so not guarded; it resumes from the checkpoint the runtime chooses
+    assert codes[6] == "trainer_stats = trainer.train(resume_from_checkpoint=ddp.checkpoint_to_resume(trainer))"
     assert codes[7].startswith("# alpaca_prompt = Copied from above\nif ddp.is_main_process:\n    FastLanguageModel")
     assert '], return_tensors = "pt").to(ddp.device)' in codes[7] and codes[7].endswith("\nddp.barrier()")
     assert codes[8].startswith('if ddp.is_main_process:\n    model.save_pretrained("lora_model")  # Local saving\n')
@@ -204,7 +205,7 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
         ["run-datasets-main-process-first"],
         ["hoist-unsloth-import", "rename-trainer-tokenizer", "set-ddp-training-args"],
         ["guard-rank0-side-effects"],
-        [],
+        ["resume-from-checkpoint"],
         ["guard-inference-cell", "replace-cuda-device"],
         ["guard-rank0-side-effects"],
         ["guard-inference-cell", "inject-device-map"],

@@ -2,6 +2,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -134,3 +135,49 @@ def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
         "1 after-barrier world_size=2 local_world_size=2 device=cpu",
         "1 trainer world_size=2 parallel_mode=distributed",
     ]
+
+
+def resumable_output(tmp_path):
+    """An output_dir as a killed run leaves it: checkpoint-4 complete, checkpoint-8 half-written."""
+    from nbddp import checkpoint_markers
+
+    for step in (4, 8):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    checkpoint_markers.mark_complete(tmp_path / "checkpoint-4", 4, world_size=1)
+    return SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path)))
+
+
+def test_no_resume_unless_asked(tmp_path):
+    trainer = resumable_output(tmp_path)
+    assert DistributedContext().checkpoint_to_resume(trainer) is None
+    assert (tmp_path / "checkpoint-8").exists()  # nothing is touched either
+
+
+def test_resume_takes_the_last_complete_checkpoint_and_removes_incomplete_ones(tmp_path, capsys):
+    trainer = resumable_output(tmp_path)
+    assert DistributedContext(resume=True).checkpoint_to_resume(trainer) == str(tmp_path / "checkpoint-4")
+    assert not (tmp_path / "checkpoint-8").exists()
+    out = capsys.readouterr().out
+    assert f"nbddp: removing {tmp_path / 'checkpoint-8'}: incomplete" in out
+    assert f"nbddp: --resume: resuming from {tmp_path / 'checkpoint-4'} (step 4)" in out
+
+
+def test_a_torchrun_restart_resumes_by_itself(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    trainer = resumable_output(tmp_path)
+    assert init_distributed().checkpoint_to_resume(trainer) == str(tmp_path / "checkpoint-4")
+    assert "nbddp: torchrun restart 1: resuming from" in capsys.readouterr().out
+
+
+def test_resume_without_a_complete_checkpoint_starts_over_and_says_so(tmp_path, capsys):
+    trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path / "outputs")))
+    assert DistributedContext(resume=True).checkpoint_to_resume(trainer) is None
+    assert f"no complete checkpoint in {tmp_path / 'outputs'}; training from the start" in capsys.readouterr().out
+
+
+def test_a_checkpoint_from_another_world_size_is_resumed_with_a_warning(tmp_path, capsys):
+    trainer = resumable_output(tmp_path)
+    DistributedContext(world_size=2, resume=True).checkpoint_to_resume(trainer)  # no group: nothing to broadcast
+    assert "was written by 1 processes, this run has 2" in capsys.readouterr().err

@@ -52,6 +52,18 @@ def test_a_new_training_run_starts_a_new_file(tmp_path):
     assert len(records(path)) == 3
 
 
+def test_a_run_resumed_at_a_checkpoint_keeps_the_lines_up_to_its_step(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    killed = [{"event": "eval", "step": 0, "eval_loss": 3.0}, {"step": 4, "loss": 2.9}, {"step": 5, "loss": 2.8},
+              {"step": 6, "loss": 2.7}]
+    path.write_text("".join(json.dumps(record) + "\n" for record in killed) + '{"step": 7, "lo')  # killed mid-line
+    callback, args, control = MetricsCallback(path), SimpleNamespace(include_num_input_tokens_seen="no"), TrainerControl()
+    callback.on_train_begin(args, state(True, step=5), control)  # Trainer loaded checkpoint-5
+    callback.on_log(args, state(True, 6, 64), control, logs={"loss": 2.65})
+    assert [(record["step"], record.get("loss")) for record in records(path)] == [(0, None), (4, 2.9), (5, 2.8), (6, 2.65)]
+    assert not list(tmp_path.glob(".*"))  # no temp file left behind
+
+
 def test_tokens_per_second_over_each_interval(tmp_path, monkeypatch):
     clock = iter([100.0, 102.0, 106.0])
     monkeypatch.setattr("nbddp.runtime.metrics.time.perf_counter", lambda: next(clock))

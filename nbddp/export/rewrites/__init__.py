@@ -16,6 +16,7 @@ from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
 from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
+from nbddp.export.rewrites.resume_from_checkpoint import ResumeFromCheckpoint
 from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMainProcessFirst
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 
@@ -27,6 +28,7 @@ REWRITES: list[type[Rewrite]] = [
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
     RenameTrainerTokenizer,
+    ResumeFromCheckpoint,
     GuardInferenceCell,
     RunDatasetsMainProcessFirst,
     GuardRank0SideEffects,

@@ -1,0 +1,131 @@
+"""Which of the Trainer's checkpoints are complete: those holding the marker rank 0 writes once every rank is done.
+
+Transformers' Trainer writes `<output_dir>/checkpoint-<step>/` in place, file by file: rank 0 the model, optimizer,
+scheduler and trainer state, every rank its own `rng_state_<rank>.pth`. A run killed half-way leaves a directory that
+looks like a checkpoint, and `transformers.trainer_utils.get_last_checkpoint` would pick it. So after a barrier, rank 0
+writes `nbddp-complete.json` into the directory (temp file, fsync, os.replace), and resuming only ever considers
+directories that have it:
+
+    {"step": 40, "world_size": 2, "completed_at": 1764450000.5}
+
+Standard library only: the runtime writes markers, the orchestration reads them to report the last complete one.
+"""
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+MARKER = "nbddp-complete.json"
+_CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR + "-<step>"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: its directory and what its marker says."""
+
+    path: Path
+    step: int
+    world_size: int
+    completed_at: float  # time.time() when the marker was written; orders checkpoints across runs
+
+
+def checkpoint_dirs(output_dir) -> list[Path]:
+    """The `checkpoint-<step>` directories in `output_dir` (none when it does not exist), complete or not."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    return sorted(path for path in output_dir.iterdir() if _CHECKPOINT_NAME.fullmatch(path.name) and path.is_dir())
+
+
+def read_marker(directory) -> Checkpoint | None:
+    """The checkpoint in `directory` if it is complete, else None."""
+    try:
+        with open(Path(directory) / MARKER, encoding="utf-8") as file:
+            marker = json.load(file)
+        return Checkpoint(Path(directory), int(marker["step"]), int(marker["world_size"]), float(marker["completed_at"]))
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError):  # not the JSON we write (os.replace never leaves half a marker)
+        return None
+
+
+def complete_checkpoints(output_dir) -> list[Checkpoint]:
+    """The complete checkpoints in `output_dir`, oldest first, in the order they were completed.
+
+    Completion time rather than step number: a fresh run in an old output_dir writes checkpoint-10 after the old
+    run's checkpoint-50, and checkpoint-10 is the one to resume from and to keep.
+    """
+    found = [read_marker(path) for path in checkpoint_dirs(output_dir)]
+    return sorted((checkpoint for checkpoint in found if checkpoint), key=lambda checkpoint: checkpoint.completed_at)
+
+
+def latest_complete(output_dir) -> Checkpoint | None:
+    checkpoints = complete_checkpoints(output_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def incomplete_dirs(output_dir) -> list[Path]:
+    """Checkpoint directories without a marker: a run stopped while writing them."""
+    return [path for path in checkpoint_dirs(output_dir) if read_marker(path) is None]
+
+
+def mark_complete(directory, step: int, world_size: int) -> Checkpoint:
+    """Write the marker into `directory`, whose files every rank has finished writing.
+
+    The files are flushed to disk first, so that after a power cut a marker never vouches for data still in
+    the page cache; the marker itself goes through a temp file and os.replace, so it is there whole or not at all.
+    """
+    directory = Path(directory)
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            _fsync(path)
+    checkpoint = Checkpoint(directory, step, world_size, time.time())
+    record = {"step": step, "world_size": world_size, "completed_at": checkpoint.completed_at}
+    temp = directory / f".{MARKER}.{os.getpid()}.tmp"
+    with open(temp, "w", encoding="utf-8") as file:
+        json.dump(record, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, directory / MARKER)
+    _fsync(directory)  # the rename itself
+    return checkpoint
+
+
+def remove(directory) -> None:
+    """Delete a checkpoint directory, its marker first: a deletion cut short never leaves a marked remnant."""
+    directory = Path(directory)
+    (directory / MARKER).unlink(missing_ok=True)
+    shutil.rmtree(directory)
+
+
+def rotate(output_dir, keep: int | None, protected=()) -> list[Path]:
+    """Delete the oldest complete checkpoints until `keep` are left; returns what was deleted.
+
+    As Trainer's own rotation (`transformers.trainer_utils.rotate_checkpoints`): `keep` None or <= 0 keeps
+    everything; the newest checkpoint and those in `protected` (the best model's) are never deleted.
+    """
+    checkpoints = complete_checkpoints(output_dir)
+    if not keep or keep <= 0 or len(checkpoints) <= keep:
+        return []
+    paths = {checkpoint.path.resolve() for checkpoint in checkpoints}
+    kept = {checkpoints[-1].path.resolve()} | ({Path(path).resolve() for path in protected if path} & paths)
+    remaining, deleted = len(checkpoints), []
+    for checkpoint in checkpoints:
+        if remaining <= max(keep, len(kept)):
+            break
+        if checkpoint.path.resolve() not in kept:
+            remove(checkpoint.path)
+            deleted.append(checkpoint.path)
+            remaining -= 1
+    return deleted
+
+
+def _fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

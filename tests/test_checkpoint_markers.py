@@ -1,0 +1,86 @@
+import json
+
+import pytest
+
+from nbddp import checkpoint_markers
+from nbddp.checkpoint_markers import MARKER
+
+
+def write_checkpoint(output_dir, step, complete=True, completed_at=None):
+    """A checkpoint-<step> directory with a model file; marked complete (at `completed_at`, else now) or not."""
+    path = output_dir / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "adapter_model.safetensors").write_bytes(b"weights")
+    if complete:
+        checkpoint_markers.mark_complete(path, step, world_size=2)
+        if completed_at is not None:
+            (path / MARKER).write_text(json.dumps({"step": step, "world_size": 2, "completed_at": completed_at}))
+    return path
+
+
+def test_the_marker_says_what_was_completed(tmp_path):
+    path = write_checkpoint(tmp_path, 8, complete=False)
+    assert checkpoint_markers.read_marker(path) is None
+    checkpoint = checkpoint_markers.mark_complete(path, 8, world_size=2)
+    assert checkpoint_markers.read_marker(path) == checkpoint
+    assert (checkpoint.path, checkpoint.step, checkpoint.world_size) == (path, 8, 2)
+    assert sorted(p.name for p in path.iterdir()) == ["adapter_model.safetensors", MARKER]  # no temp file left
+
+
+def test_an_incomplete_checkpoint_is_never_the_latest(tmp_path):
+    write_checkpoint(tmp_path, 4)
+    write_checkpoint(tmp_path, 8)
+    write_checkpoint(tmp_path, 12, complete=False)  # a rank was killed while writing it
+    (tmp_path / "checkpoint-16").mkdir()  # killed before writing anything
+    assert checkpoint_markers.latest_complete(tmp_path).step == 8
+    assert [path.name for path in checkpoint_markers.incomplete_dirs(tmp_path)] == ["checkpoint-12", "checkpoint-16"]
+
+
+@pytest.mark.parametrize("marker", ["", "{", '{"step": 8}', "[1, 2]", '{"step": "x", "world_size": 2, "completed_at": 1}'])
+def test_a_marker_that_is_not_ours_means_incomplete(tmp_path, marker):
+    path = write_checkpoint(tmp_path, 8, complete=False)
+    (path / MARKER).write_text(marker)
+    assert checkpoint_markers.read_marker(path) is None
+    assert checkpoint_markers.latest_complete(tmp_path) is None
+
+
+def test_latest_means_last_completed_not_highest_step(tmp_path):
+    write_checkpoint(tmp_path, 50, completed_at=1000.0)  # an earlier run in the same output_dir
+    write_checkpoint(tmp_path, 10, completed_at=2000.0)
+    assert checkpoint_markers.latest_complete(tmp_path).step == 10
+
+
+def test_only_checkpoint_directories_count(tmp_path):
+    write_checkpoint(tmp_path, 4)
+    (tmp_path / "lora_adapter").mkdir()
+    (tmp_path / "checkpoint-x").mkdir()
+    (tmp_path / "checkpoint-9").write_text("a file")
+    assert [path.name for path in checkpoint_markers.checkpoint_dirs(tmp_path)] == ["checkpoint-4"]
+    assert checkpoint_markers.checkpoint_dirs(tmp_path / "missing") == []
+
+
+def test_remove_deletes_the_marker_first(tmp_path, monkeypatch):
+    path = write_checkpoint(tmp_path, 4)
+    seen = []
+    monkeypatch.setattr(checkpoint_markers.shutil, "rmtree", lambda p: seen.append((p / MARKER).exists()))
+    checkpoint_markers.remove(path)
+    assert seen == [False]  # by the time the files go, the directory no longer claims to be complete
+
+
+def test_rotation_keeps_the_newest_complete_checkpoints(tmp_path):
+    for step, at in [(2, 1.0), (4, 2.0), (6, 3.0), (8, 4.0)]:
+        write_checkpoint(tmp_path, step, completed_at=at)
+    write_checkpoint(tmp_path, 10, complete=False)
+    deleted = checkpoint_markers.rotate(tmp_path, keep=2)
+    assert [path.name for path in deleted] == ["checkpoint-2", "checkpoint-4"]
+    assert [path.name for path in checkpoint_markers.checkpoint_dirs(tmp_path)] == ["checkpoint-10", "checkpoint-6",
+                                                                                     "checkpoint-8"]
+
+
+def test_rotation_spares_the_best_checkpoint_and_keeps_all_without_a_limit(tmp_path):
+    for step, at in [(2, 1.0), (4, 2.0), (6, 3.0)]:
+        write_checkpoint(tmp_path, step, completed_at=at)
+    assert checkpoint_markers.rotate(tmp_path, keep=None) == []
+    assert checkpoint_markers.rotate(tmp_path, keep=0) == []
+    deleted = checkpoint_markers.rotate(tmp_path, keep=1, protected=[str(tmp_path / "checkpoint-2"), None])
+    assert [path.name for path in deleted] == ["checkpoint-4"]
