@@ -3,7 +3,9 @@
     python pipeline.py export [--notebooks notebooks] [--out generated] [--check] [--force]
     python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--device N|cpu] [--timeout S]
     python pipeline.py launch [--nproc-per-node N|auto] [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
-                              [--dry-run] [-- SCRIPT FLAGS]
+                              [--max-restarts N] [--dry-run] [-- SCRIPT FLAGS]
+    python pipeline.py launch --slurm [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--job-name NAME]
+                              [--time T] [--partition P] [--max-restarts N] [-o train.sbatch] [-- SCRIPT FLAGS]
     python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml]
     python pipeline.py regress [--suite regress.yaml] [--only NAME] [--update-baseline]
 
@@ -12,11 +14,12 @@ Each subcommand parses its flags and calls the library; bad input exits 2 with t
 import argparse
 import sys
 
-from nbddp.errors import NbddpError
+from nbddp.errors import NbddpError, UsageError
 from nbddp.export import export
-from nbddp.orchestration.launch import LaunchOptions, launch
+from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, launch
 from nbddp.orchestration.regress import regress
 from nbddp.orchestration.run import run
+from nbddp.orchestration.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
 from nbddp.orchestration.smoke import smoke
 
 
@@ -66,14 +69,37 @@ def add_launch_options(command) -> None:
     """torchrun's world, shared by launch and run."""
     command.add_argument("--nproc-per-node", default="auto",
                          help="processes on this node; auto = one per visible GPU, or 2 CPU processes without GPUs")
-    command.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
+    command.add_argument("--nnodes", "--nodes", type=int, default=1, help="number of nodes (default: 1)")
     command.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
     command.add_argument("--rdzv-endpoint", help="HOST:PORT every node reaches (needed with --nnodes > 1)")
-    command.add_argument("--rdzv-id", default="nbddp", help="job id, the same on every node (default: %(default)s)")
+    command.add_argument("--rdzv-id", default=DEFAULT_RDZV_ID, help="job id, the same on every node (default: %(default)s)")
+    command.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                         help="restart all workers up to N times after a failure; they resume from the last "
+                              "checkpoint (default: 0)")
 
 
 def launch_options(args) -> LaunchOptions:
-    return LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id)
+    return LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
+                         args.max_restarts)
+
+
+# Flags that only torchrun on this machine uses, and flags that only the SLURM job script uses: their defaults,
+# so that a flag given in the wrong mode is refused rather than ignored.
+TORCHRUN_ONLY = {"nproc_per_node": "auto", "node_rank": 0, "rdzv_endpoint": None, "rdzv_id": DEFAULT_RDZV_ID,
+                 "dry_run": False}
+SLURM_ONLY = {"gpus_per_node": None, "cpus_per_node": None, "job_name": None, "time": None, "partition": None,
+              "output": None}
+
+
+def refuse_flags(args, defaults, why) -> None:
+    given = [f"--{name.replace('_', '-')}" for name, default in defaults.items() if getattr(args, name) != default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not used {why}")
+
+
+def slurm_options(args) -> SlurmOptions:
+    given = {name: getattr(args, name) for name in SLURM_ONLY if name != "output" and getattr(args, name) is not None}
+    return SlurmOptions(nodes=args.nnodes, max_restarts=args.max_restarts, **given)
 
 
 def add_smoke_command(subcommands) -> None:
@@ -101,11 +127,24 @@ def add_launch_command(subcommands) -> None:
     add_script_option(command)
     add_launch_options(command)
     command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    slurm = command.add_argument_group("SLURM", "write an sbatch script instead of running (one torchrun per node)")
+    slurm.add_argument("--slurm", action="store_true", help="write the job script; --nodes sets the node count")
+    slurm.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs, and so workers, per node (default: 1)")
+    slurm.add_argument("--cpus-per-node", type=int, metavar="C", help="CPUs for each node's workers (default: SLURM's, often 1)")
+    slurm.add_argument("--job-name", metavar="NAME", help="the job's name (default: nbddp)")
+    slurm.add_argument("--time", metavar="T", help="time limit, e.g. 04:00:00 (default: the partition's)")
+    slurm.add_argument("--partition", metavar="P", help="partition to run in (default: the cluster's)")
+    slurm.add_argument("-o", "--output", metavar="PATH", help=f"where to write the script; never overwritten (default: {DEFAULT_JOB_SCRIPT})")
     command.add_argument("script_args", nargs="*", metavar="-- SCRIPT FLAGS", help="flags for the script, after --")
     command.set_defaults(run=run_launch)
 
 
 def run_launch(args) -> int:
+    if args.slurm:
+        refuse_flags(args, TORCHRUN_ONLY, "with --slurm (SLURM places the processes: use --nodes and --gpus-per-node)")
+        write_job_script(args.script, args.script_args, slurm_options(args), args.output or DEFAULT_JOB_SCRIPT)
+        return 0
+    refuse_flags(args, SLURM_ONLY, "without --slurm")
     return launch(args.script, args.script_args, launch_options(args), dry_run=args.dry_run)
 
 

@@ -7,13 +7,12 @@ without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too.
 
 import os
 import shlex
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, environment
+from nbddp.orchestration import devices, environment, failure_report, stderr_tail
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
@@ -29,10 +28,13 @@ class LaunchOptions:
     node_rank: int = 0
     rdzv_endpoint: str | None = None
     rdzv_id: str = DEFAULT_RDZV_ID
+    max_restarts: int = 0  # torchrun restarts every worker this many times after a failure (elastic)
 
     def __post_init__(self):
         if self.nproc != "auto" and (not str(self.nproc).isdigit() or int(self.nproc) < 1):
             raise UsageError(f"--nproc-per-node {self.nproc}: expected a positive number of processes or 'auto'")
+        if self.max_restarts < 0:
+            raise UsageError(f"--max-restarts {self.max_restarts}: expected 0 or more")
         if self.nnodes < 1:
             raise UsageError(f"--nnodes {self.nnodes}: expected at least 1")
         if self.nnodes == 1:
@@ -67,6 +69,8 @@ class LaunchPlan:
 
     command: list
     env_additions: dict
+    script: str | None = None  # and its flags: where a failure report finds the training output_dir
+    script_args: tuple = ()
 
     def describe(self):
         """One shell line a user can paste to run the same thing."""
@@ -80,11 +84,23 @@ def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, e
     processes = options.processes(environ)
     command = [sys.executable, "-m", "torch.distributed.run", *options.rendezvous_flags()]
     command += ["--nproc-per-node", str(processes)]
+    if options.max_restarts:
+        # A restarted worker starts the script afresh; the runtime resumes from the last checkpoint.
+        command += ["--max-restarts", str(options.max_restarts)]
     if log_dir is not None:
         # Every rank's stdout and stderr into files under log_dir, and still on the console.
         command += ["--log-dir", str(log_dir), "--tee", "3"]
     command += [str(script), *script_args]
-    return LaunchPlan(command, env_additions(processes, environ))
+    return LaunchPlan(command, env_additions(processes, environ), str(script), tuple(script_args))
+
+
+# Set for the workers unless the user has; the SLURM job script sets the same (slurm.py).
+FIXED_ENV_DEFAULTS = {
+    # A rank that dies makes the others fail fast instead of hanging in a collective.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    # The runtime's process-group timeout (NCCL and gloo), in seconds.
+    "NBDDP_TIMEOUT_S": str(DEFAULT_TIMEOUT_S),
+}
 
 
 def env_additions(processes, environ):
@@ -92,10 +108,7 @@ def env_additions(processes, environ):
     defaults = {
         # torchrun would pin every worker to 1 thread; share the cores between the workers instead.
         "OMP_NUM_THREADS": str(max(1, _cpu_count() // processes)),
-        # A rank that dies makes the others fail fast instead of hanging in a collective.
-        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-        # The runtime's process-group timeout (NCCL and gloo), in seconds.
-        "NBDDP_TIMEOUT_S": str(DEFAULT_TIMEOUT_S),
+        **FIXED_ENV_DEFAULTS,
     }
     return {name: value for name, value in defaults.items() if name not in environ}
 
@@ -105,14 +118,13 @@ def _cpu_count():
 
 
 def execute(plan, environ=None):
-    """Run the plan; returns torchrun's exit status."""
+    """Run the plan; returns torchrun's exit status. When torchrun fails, prints which rank failed, where,
+    and how far training got (`failure_report`)."""
     env = environment.child_environment(environ=environ) | plan.env_additions
-    with subprocess.Popen(plan.command, env=env) as torchrun:
-        try:
-            return torchrun.wait()
-        except KeyboardInterrupt:
-            # The terminal sent SIGINT to torchrun too; let it stop its workers before we exit.
-            return torchrun.wait()
+    status, stderr = stderr_tail.run(plan.command, env)
+    if status != 0:
+        print(failure_report.describe(status, stderr, plan.script, plan.script_args), file=sys.stderr, flush=True)
+    return status
 
 
 def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False):

@@ -7,6 +7,7 @@ import pytest
 
 from nbddp.orchestration.launch import LaunchOptions
 from nbddp.orchestration.regress import RegressionFailed
+from nbddp.orchestration.slurm import SlurmOptions
 
 _spec = importlib.util.spec_from_file_location("pipeline", Path(__file__).parents[2] / "pipeline.py")
 pipeline = importlib.util.module_from_spec(_spec)
@@ -20,6 +21,7 @@ def calls(monkeypatch):
     for name in ("smoke", "run", "regress"):
         monkeypatch.setattr(pipeline, name, lambda *args, _name=name: recorded.setdefault(_name, args))
     monkeypatch.setattr(pipeline, "launch", lambda *args, **kwargs: recorded.setdefault("launch", (args, kwargs)) and 7)
+    monkeypatch.setattr(pipeline, "write_job_script", lambda *args: recorded.setdefault("slurm", args))
     return recorded
 
 
@@ -68,3 +70,37 @@ def test_launch_dry_run_prints_the_command_end_to_end(capsys):
     assert pipeline.main(["launch", "--dry-run", "--nproc-per-node", "2", "--", "--max_steps", "3"]) == 0
     out = capsys.readouterr().out
     assert "-m torch.distributed.run --standalone --nnodes 1 --nproc-per-node 2 generated/train.py --max_steps 3" in out
+
+
+def test_max_restarts_reaches_torchrun_from_launch_and_run(calls):
+    pipeline.main(["launch", "--max-restarts", "2", "--dry-run"])
+    args, _ = calls["launch"]
+    assert args[2].max_restarts == 2
+    pipeline.main(["run", "--max-restarts", "1"])
+    assert calls["run"][3].max_restarts == 1
+
+
+def test_slurm_writes_a_job_script_instead_of_launching(calls):
+    status = pipeline.main(["launch", "--slurm", "--nodes", "2", "--gpus-per-node", "8", "--cpus-per-node", "64",
+                            "--job-name", "sft", "--time", "04:00:00", "--partition", "gpu", "--max-restarts", "1",
+                            "-o", "jobs/sft.sbatch", "--", "--max_steps", "3"])
+    assert status == 0 and "launch" not in calls
+    assert calls["slurm"] == ("generated/train.py", ["--max_steps", "3"],
+                              SlurmOptions(2, 8, "sft", "04:00:00", "gpu", 64, 1), "jobs/sft.sbatch")
+
+
+def test_slurm_defaults(calls):
+    assert pipeline.main(["launch", "--slurm"]) == 0
+    assert calls["slurm"] == ("generated/train.py", [], SlurmOptions(), pipeline.DEFAULT_JOB_SCRIPT)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--slurm", "--nproc-per-node", "4"], "--nproc-per-node: not used with --slurm (SLURM places the processes"),
+    (["--slurm", "--nodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h:1"], "--node-rank, --rdzv-endpoint: not used with --slurm"),
+    (["--slurm", "--dry-run"], "--dry-run: not used with --slurm"),
+    (["--partition", "gpu", "-o", "x.sbatch"], "--partition, --output: not used without --slurm"),
+])
+def test_flags_of_the_other_mode_are_refused(calls, capsys, argv, message):
+    assert pipeline.main(["launch", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not calls
