@@ -26,10 +26,12 @@
 
 # %% tags=["parameters"]
 max_seq_length = 256  # the longest formatted row is about 70 tokens
+per_device_train_batch_size = 4  # rows per process and step (03_train's trainer); here for the memory estimate
 dtype = None  # None for auto detection: float32 on CPU, bfloat16 or float16 on a GPU
 load_in_4bit = False  # True on a GPU: QLoRA (4-bit base weights through bitsandbytes)
 lora_r = 16  # LoRA rank: the adapters' width
 lora_alpha = 16  # adapter output scale is lora_alpha / lora_r
+use_gradient_checkpointing = "auto"  # auto | unsloth | true | false: auto takes the fastest that fits in memory
 
 # %% [markdown]
 # ### Weights
@@ -55,6 +57,26 @@ model, tokenizer = FastLanguageModel.from_pretrained(
 )
 
 # %% [markdown]
+# ### Gradient checkpointing
+# Recomputing each layer's activations in the backward pass saves memory and costs time (about a
+# third more compute); Unsloth's `"unsloth"` mode also moves the layer inputs to host memory, which
+# saves a little more and costs a little more. `"auto"` estimates the peak memory of each mode for
+# this model, LoRA rank, batch and sequence length, and takes the cheapest that fits the GPU (on a
+# CPU: none). The choice is printed with its estimates, and compared with the measured peak after
+# the first training step.
+
+# %%
+from nbddp.runtime.checkpointing import choose_gradient_checkpointing
+
+gradient_checkpointing = choose_gradient_checkpointing(
+    use_gradient_checkpointing,
+    model,
+    max_seq_length = max_seq_length,
+    per_device_train_batch_size = per_device_train_batch_size,
+    lora_r = lora_r,
+)
+
+# %% [markdown]
 # ### LoRA adapters
 # Adapters on the attention and MLP projections. `random_state` seeds their initialisation, so every
 # process of a distributed run starts from the same adapters.
@@ -68,7 +90,7 @@ model = FastLanguageModel.get_peft_model(
     lora_alpha = lora_alpha,
     lora_dropout = 0,  # 0 takes Unsloth's fast path
     bias = "none",  # likewise
-    use_gradient_checkpointing = "unsloth",  # recompute activations in the backward pass: less memory
+    use_gradient_checkpointing = gradient_checkpointing,  # False, True or "unsloth": chosen above
     random_state = 3407,
     use_rslora = False,
     loftq_config = None,

@@ -29,7 +29,6 @@
 # %% tags=["parameters"]
 max_steps = 300  # optimizer steps; set num_train_epochs instead for full passes over the data
 learning_rate = 2e-3  # high for LoRA, because the tiny model starts from random weights
-per_device_train_batch_size = 4
 gradient_accumulation_steps = 2  # global batch = this * per-device batch * number of processes
 warmup_steps = 10
 eval_steps = 100  # held-out loss every this many steps (and before the first)
