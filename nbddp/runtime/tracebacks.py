@@ -13,10 +13,13 @@ exits with the error's status (2):
       generated/train.py line 61 comes from notebooks/01_data_prep.ipynb, cell 9, line 3
 
 The `[rank R]` prefix appears only when torchrun started more than one process, so interleaved reports
-from several ranks stay readable.
+from several ranks stay readable. Under torchrun the same report also goes to this rank's error file
+(`TORCHELASTIC_ERROR_FILE`), which torchrun's failure summary and nbddp's failure report read.
 """
+import json
 import os
 import sys
+import time
 import traceback
 
 from nbddp.errors import NbddpError
@@ -28,8 +31,10 @@ def install(script: str) -> None:
     script = os.path.abspath(script)
 
     def report_with_origin(exc_type, exc, tb):
-        sys.stderr.write(format_report(exc_type, exc, tb, script))
+        report = format_report(exc_type, exc, tb, script)
+        sys.stderr.write(report)
         sys.stderr.flush()
+        write_error_file(exc_type, exc, report)
         if issubclass(exc_type, NbddpError):
             # SystemExit raised by the excepthook sets the exit status; the interpreter still shuts down normally.
             raise SystemExit(exc.exit_status)
@@ -50,6 +55,24 @@ def format_report(exc_type, exc, tb, script: str) -> str:
         prefix = f"[rank {os.environ.get('RANK', '?')}] "
         text = "".join(prefix + line for line in text.splitlines(keepends=True))
     return text
+
+
+def write_error_file(exc_type, exc, report: str) -> None:
+    """Under torchrun, record the failure in the file its agent reads for this process.
+
+    The format is torch.distributed.elastic's (`ErrorHandler.record_exception`, what `@record` writes), with our
+    report, origin line included, as the call stack; torchrun's summary then shows it instead of `<N/A>`.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    message = f"{exc_type.__name__}: {exc}"
+    record = {"message": {"message": message, "extraInfo": {"py_callstack": report, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w", encoding="utf-8") as file:
+            json.dump(record, file)
+    except OSError:  # the report is already on stderr; the error file only repeats it
+        pass
 
 
 def _bad_input_paragraph(exc, tb, script: str) -> str:

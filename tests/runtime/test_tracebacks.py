@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -130,3 +131,27 @@ def test_bad_input_from_several_ranks_carries_the_rank(tmp_path, monkeypatch):
     error = UsageError("model 'models/x': no such directory")
     report = tracebacks.format_report(UsageError, error, None, str(tmp_path / "train.py"))
     assert report == "[rank 1] nbddp: error: model 'models/x': no such directory\n"
+
+
+def test_under_torchrun_the_report_also_goes_to_the_rank_error_file(tmp_path):
+    # torchrun's agent names this file per worker; its failure summary and nbddp's failure report read it.
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    error_file = tmp_path / "error.json"
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=120)
+    assert result.returncode == 1
+    message = json.loads(error_file.read_text())["message"]
+    assert message["message"] == "IndexError: list index out of range"
+    assert message["extraInfo"]["py_callstack"] in result.stderr  # the very report printed
+    assert message["extraInfo"]["py_callstack"].endswith("comes from notebooks/03_train.ipynb, cell 4, line 2\n")
+    assert int(message["extraInfo"]["timestamp"]) > 0
+
+
+def test_without_torchrun_no_error_file_is_written(tmp_path, monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    tracebacks.write_error_file(ValueError, ValueError("x"), "report")
+    assert list(tmp_path.iterdir()) == []
