@@ -16,6 +16,7 @@ import jupytext
 import nbformat
 import yaml
 
+from nbddp import errors
 from nbddp.errors import NotebookError
 from nbddp.orchestration import cell_failure, environment, files, kernel
 from nbddp.orchestration.sourcemap import SourceMap
@@ -23,10 +24,14 @@ from nbddp.orchestration.sourcemap import SourceMap
 # The kernelspec the generated script declares (docs/design.md); a script without one gets it.
 PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}
 DEAD_KERNEL_STATUS = 138  # papermill's exit status when the kernel died
+# What the runtime raises for bad input (require_fields, require_model, output_dir): in a cell, still bad input.
+BAD_INPUT_ERRORS = frozenset(name for name, value in vars(errors).items()
+                             if isinstance(value, type) and issubclass(value, errors.NbddpError))
 
 
 class NotebookRunFailed(NotebookError):
-    """A cell raised (or the kernel died); located in the source notebook. Not bad input: exit 1."""
+    """A cell raised (or the kernel died); located in the source notebook. Exit 1, or 2 when the cell raised
+    nbddp's own bad-input error (its message says what to fix)."""
 
     exit_status = 1
 
@@ -98,7 +103,10 @@ def _located_failure(script, executed, status, timeout):
     if failure is None:
         return NotebookRunFailed(script, f"papermill exited with status {status}", hint=hint)
     where = SourceMap.for_script(script).locate(failure.cell_index, failure.line)
-    return NotebookRunFailed(where.notebook, _describe(failure, status, timeout), where.cell, where.line, hint)
+    failed = NotebookRunFailed(where.notebook, _describe(failure, status, timeout), where.cell, where.line, hint)
+    if failure.ename in BAD_INPUT_ERRORS:
+        failed.exit_status = errors.NbddpError.exit_status
+    return failed
 
 
 def _describe(failure, status, timeout):

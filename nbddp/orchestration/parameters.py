@@ -12,7 +12,8 @@ import yaml
 from nbddp.errors import NotebookError, UsageError
 
 PARAMETERS_TAG = "parameters"
-NBDDP_PARAMETERS = {"backend"}  # the parameter export adds to every script (docs/design.md)
+# The parameters export adds to every script (nbddp.export.parameters.NBDDP_PARAMETERS; a test keeps them equal).
+NBDDP_PARAMETERS = frozenset({"backend", "resume"})
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
 

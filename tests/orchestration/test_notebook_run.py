@@ -43,3 +43,20 @@ def test_a_cell_past_the_timeout_is_reported_as_such(workdir):
 def test_dead_kernel_wording():
     failure = notebook_run.cell_failure.CellFailure(3, None, "DeadKernelError", "the kernel died", 1.0)
     assert "kernel died" in notebook_run._describe(failure, notebook_run.DEAD_KERNEL_STATUS, None)
+
+
+@pytest.mark.e2e
+def test_bad_input_raised_in_a_cell_exits_2(workdir):
+    # As require_fields raises it in the data prep cell of a smoke run.
+    script = workdir / "bad_rows.py"
+    script.write_text(textwrap.dedent('''\
+        # %% tags=["parameters"]
+        rows = 1
+
+        # %%
+        from nbddp.errors import DataError
+        raise DataError('data/x.jsonl row 17: missing "output"')
+    '''))
+    with pytest.raises(NotebookRunFailed, match='DataError: data/x.jsonl row 17: missing "output"') as error:
+        run_notebook(to_notebook(script), script, {}, workdir, "", timeout=60, progress=False)
+    assert (error.value.cell, error.value.line, error.value.exit_status) == (2, 2, 2)

@@ -125,4 +125,10 @@ def test_an_unknown_parameter_gets_the_closest_name(defaults):
 def test_a_script_without_notebook_parameters_says_so():
     # The parameters cell of a pipeline whose notebooks define none holds only nbddp's own `backend`.
     with pytest.raises(UsageError, match=r"-p x: unknown parameter `x`: the notebooks define no parameters"):
-        parameters.resolve({"backend": "auto"}, flag_values=[("x", "1")])
+        parameters.resolve({"backend": "auto", "resume": False}, flag_values=[("x", "1")])
+
+
+def test_nbddp_own_parameters_are_the_ones_export_adds():
+    from nbddp.export.parameters import NBDDP_PARAMETERS
+
+    assert parameters.NBDDP_PARAMETERS == NBDDP_PARAMETERS.keys()
