@@ -100,6 +100,10 @@ FIXED_ENV_DEFAULTS = {
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     # The runtime's process-group timeout (NCCL and gloo), in seconds.
     "NBDDP_TIMEOUT_S": str(DEFAULT_TIMEOUT_S),
+    # Workers keep their own store rather than share the rendezvous one: in the shared store the keys of the
+    # attempt before a --max-restarts restart survive, and the restarted gloo ranks connected to the dead
+    # ranks' addresses ("Gloo connectFullMesh failed ... Connection refused"; pytorch#135712).
+    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
 }
 
 

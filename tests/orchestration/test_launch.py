@@ -42,7 +42,8 @@ def test_auto_is_one_process_per_gpu_or_two_on_cpu():
 def test_environment_defaults_never_override_the_users(monkeypatch):
     monkeypatch.setattr(launch, "_cpu_count", lambda: 16)
     additions = launch.env_additions(4, {"NBDDP_TIMEOUT_S": "60"})
-    assert additions == {"OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    assert additions == {"OMP_NUM_THREADS": "4", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+                         "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     assert launch.env_additions(32, {})["OMP_NUM_THREADS"] == "1"
 
 
