@@ -18,6 +18,7 @@ import os
 
 import torch.distributed as dist
 from transformers import TrainerCallback
+from transformers import trainer as transformers_trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from nbddp import checkpoint_markers
@@ -43,7 +44,5 @@ class CompleteCheckpointsCallback(TrainerCallback):
 
 def register() -> None:
     """Give every Trainer built from now on a `CompleteCheckpointsCallback`; registering twice is once."""
-    from transformers import trainer
-
-    if CompleteCheckpointsCallback not in trainer.DEFAULT_CALLBACKS:
-        trainer.DEFAULT_CALLBACKS.append(CompleteCheckpointsCallback)
+    if CompleteCheckpointsCallback not in transformers_trainer.DEFAULT_CALLBACKS:
+        transformers_trainer.DEFAULT_CALLBACKS.append(CompleteCheckpointsCallback)
