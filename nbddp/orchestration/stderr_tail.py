@@ -27,7 +27,7 @@ def run(command, env):
             # The terminal sent SIGINT to torchrun too; let it stop its workers before we exit.
             status = process.wait()
         copier.join(DRAIN_S)
-    return status, "".join(tail)
+    return status, "".join(tail)[-KEEP_CHARS:]  # one chunk can hold more than KEEP_CHARS
 
 
 def _copy(descriptor, tail):
