@@ -183,8 +183,27 @@ def run_regress(args) -> int:
     return 0
 
 
+WORKFLOW = """\
+the usual flow:
+  python pipeline.py export                   notebooks/ -> generated/train.py, with a report of every rewrite
+  python pipeline.py smoke -p max_steps 3     run that script once as a notebook on one device (papermill)
+  python pipeline.py launch -- --max_steps 500
+                                              the same script under torchrun, one process per GPU (2 on CPU)
+  python pipeline.py run                      export check -> smoke -> launch -> summary and loss plot
+  python pipeline.py regress                  the regression suite against its committed baseline
+  torchrun --nproc_per_node 4 generated/train.py --help
+                                              every notebook parameter as a typed flag
+
+Each subcommand has its own --help. Bad input exits 2 and names the notebook, cell and line (or the flag)."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pipeline.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="pipeline.py",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=WORKFLOW,
+    )
     subcommands = parser.add_subparsers(dest="command", required=True)
     add_export_command(subcommands)
     add_smoke_command(subcommands)
