@@ -18,8 +18,8 @@ SEED = 3407
 class Variant:
     script: str  # "generated" (generated/train.py) or "reference" (bench/reference_ddp.py)
     gpus: int = 1
-    # Script flags on top of the common ones. use_gradient_checkpointing (unsloth | true | false) exists
-    # only in the reference: the notebooks fix it at "unsloth".
+    # Script flags on top of the common ones. use_gradient_checkpointing: the generated script takes
+    # auto | unsloth | true | false (default auto), the reference unsloth | true | false (default unsloth).
     settings: dict = field(default_factory=dict)
     env: dict = field(default_factory=dict)
     ddp: dict = field(default_factory=dict)  # accelerate DistributedDataParallelKwargs overrides

@@ -268,7 +268,7 @@ class Runner:
         self.failures = 0
 
     def checkpointing_choice(self, experiment):
-        """What bench.memory_model would choose for this experiment (the notebooks fix "unsloth")."""
+        """What the memory estimate would choose for this experiment (what `auto` picks in the generated script)."""
         if experiment.name not in self.choices:
             variant = next(iter(experiment.variants.values()))
             self.choices[experiment.name] = choose_checkpointing(
@@ -312,7 +312,8 @@ class Runner:
             trial = {"label": label, "round": round_index, "gpus": list(gpus), "dir": str(trial_dir),
                      "command": " ".join(f"{k}={v}" for k, v in env_shown.items()) + " " + shlex.join(["python3", *command[1:]]),
                      "ddp_overrides": variant.ddp,
-                     "checkpointing": variant.settings.get("use_gradient_checkpointing", "unsloth"),
+                     "checkpointing": variant.settings.get(
+                         "use_gradient_checkpointing", "auto" if variant.script == "generated" else "unsloth"),
                      "started": time.time()}
             print(f"[bench] {experiment.name} r{round_index + 1} {label} gpus={list(gpus)}", flush=True)
             log = open(trial_dir / "log.txt", "w")

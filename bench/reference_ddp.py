@@ -10,7 +10,7 @@ their defaults are the example notebooks' parameters, and the work is theirs (se
 evaluation before the first step and every eval_steps, TensorBoard logging every step, final
 evaluation, adapters saved by rank 0), so both scripts train the same way; the notebooks' three
 sample generations at the end are left out (they run after the timed steps). One extra flag,
---use_gradient_checkpointing (unsloth | true | false), which the notebooks fix at "unsloth".
+--use_gradient_checkpointing (unsloth | true | false; default unsloth, as Unsloth's notebooks write it).
 """
 import argparse
 import contextlib
