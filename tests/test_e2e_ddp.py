@@ -1,0 +1,157 @@
+"""The DDP guarantees end to end, on the real exported script, with two gloo processes on CPU:
+
+- rank-0 side effects happen once: rank-0 prints appear once, the adapter is saved once, by rank 0, and loading it
+  back onto the base model gives the trained model's logits;
+- N processes train like one: 2 processes x accumulation 1 log the losses of 1 process x accumulation 2;
+- a notebook written in Unsloth's style (tests/fixtures/unsloth_style) exports with the expected rewrites and runs.
+
+Saves are counted by tests/fixtures/e2e/sitecustomize.py, which every process of a run imports at start-up.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SAVE_HOOK = REPO / "tests" / "fixtures" / "e2e" / "sitecustomize.py"
+# A few steps, the held-out loss only before and after training, on a few rows: each run takes seconds of training.
+FEW_STEPS = ["--max_steps", "4", "--eval_steps", "100", "--eval_rows", "16"]
+
+_spec = importlib.util.spec_from_file_location("pipeline", REPO / "pipeline.py")
+pipeline = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(pipeline)
+
+pytestmark = pytest.mark.e2e
+
+
+def run_script(script, *flags, nproc, cwd=REPO, env=None):
+    """`script` on `nproc` torchrun processes, or as plain `python script` when nproc is None."""
+    launcher = [sys.executable] if nproc is None else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    environ = {**os.environ, "CUDA_VISIBLE_DEVICES": "", **(env or {})}
+    result = subprocess.run([*launcher, str(script), *flags], cwd=cwd, env=environ,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return result
+
+
+def losses(output_dir):
+    """{step: training loss} from a run's metrics.jsonl."""
+    records = map(json.loads, (Path(output_dir) / "metrics.jsonl").read_text().splitlines())
+    return {record["step"]: record["loss"] for record in records if "event" not in record}
+
+
+@pytest.fixture
+def save_hook(tmp_path):
+    """Environment that makes every process record its PeftModel.save_pretrained calls in `log`."""
+    folder = tmp_path / "hook"
+    folder.mkdir()
+    shutil.copy(SAVE_HOOK, folder / "sitecustomize.py")
+    log = tmp_path / "saves.log"
+    python_path = os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    return {"log": log, "env": {"PYTHONPATH": python_path, "NBDDP_E2E_SAVE_LOG": str(log)}}
+
+
+@pytest.fixture(scope="module")
+def example_script(tmp_path_factory):
+    """notebooks/ exported afresh (generated/ may lag behind the notebooks while they are edited)."""
+    out = tmp_path_factory.mktemp("generated")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(REPO)  # notebook paths in the script and its source map are relative to the repository
+        assert pipeline.main(["export", "--out", str(out)]) == 0
+    return out / "train.py"
+
+
+def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_trained_model(example_script, save_hook,
+                                                                                       tmp_path):
+    output_dir = tmp_path / "out"
+    logits_path = tmp_path / "trained_logits.pt"
+    env = {**save_hook["env"], "NBDDP_E2E_LOGITS": str(logits_path)}
+    # warmup 0: the adapters move from their zero start by the first step, so they change the logits visibly
+    result = run_script(example_script, *FEW_STEPS, "--warmup_steps", "0", "--output_dir", str(output_dir),
+                        nproc=2, env=env)
+
+    output = result.stdout + result.stderr
+    assert output.count("nbddp: backend=") == 1 and "world_size=2" in output
+    assert output.count("held-out loss after 4 steps: ") == 1
+    assert output.count(f"saved the adapters and tokenizer to {output_dir}/lora_adapter") == 1
+    assert save_hook["log"].read_text().splitlines() == [f"0 {output_dir}/lora_adapter"]  # once, by rank 0
+    assert sorted(losses(output_dir)) == [1, 2, 3, 4]
+
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    trained = torch.load(logits_path)
+    base_path = ensure_weights(str(REPO / "models" / "tiny-llama"))
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
+    with torch.no_grad():
+        base_logits = base(input_ids=trained["input_ids"]).logits
+        loaded = PeftModel.from_pretrained(base, output_dir / "lora_adapter").eval()
+        loaded_logits = loaded(input_ids=trained["input_ids"]).logits
+    assert not torch.allclose(base_logits, trained["logits"], atol=1e-4)  # training changed what the model says
+    torch.testing.assert_close(loaded_logits, trained["logits"], rtol=1e-5, atol=1e-5)
+
+
+def test_two_processes_log_the_losses_of_one_process_accumulating_two_batches(example_script, tmp_path):
+    """The same global batch each step (4 rows per micro-batch, same seed and data order): 1 process accumulating
+    2 micro-batches vs 2 processes with one each. Loss normalisation across ranks must make them equal.
+
+    On one CPU they agree to the last bit; 1e-5 leaves room for other CPUs' rounding and still fails when each rank
+    averages over its own tokens (average_tokens_across_devices=False: 2e-5 to 4e-4 apart over these 4 steps)."""
+    flags = [*FEW_STEPS, "--warmup_steps", "0"]
+    run_script(example_script, *flags, "--gradient_accumulation_steps", "2", "--output_dir", str(tmp_path / "one"),
+               nproc=None)
+    run_script(example_script, *flags, "--gradient_accumulation_steps", "1", "--output_dir", str(tmp_path / "two"),
+               nproc=2)
+
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    assert len(set(one.values())) == 4  # the steps saw different batches (and updated weights)
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=1e-5), f"step {step}: 1 process {one[step]}, 2: {two[step]}"
+
+
+EXPECTED_UNSLOTH_STYLE_REWRITES = [
+    "[convert-magics] dropped `%%capture`; its body is kept",
+    "[convert-magics] dropped `!pip install unsloth` (install packages before running the script)",
+    "[inject-device-map] added device_map=ddp.device_map()",
+    '[replace-cuda-device] replaced .to("cuda") with .to(ddp.device)',
+    "[rename-trainer-tokenizer] tokenizer= -> processing_class=",
+    "[set-ddp-training-args] added ddp_find_unused_parameters=False, average_tokens_across_devices=True",
+    "[set-ddp-training-args] fp16=not is_bfloat16_supported() -> fp16=ddp.gpu_only(...)",
+    '[set-ddp-training-args] optim="adamw_8bit" -> ddp.optimizer("adamw_8bit")',
+    "[guard-rank0-side-effects] model.save_pretrained() runs on the main process only",
+    "[guard-inference-cell] the cell generates text (FastLanguageModel.for_inference): it runs on the main process",
+]
+
+
+def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    assert pipeline.main(["export", "--notebooks", "tests/fixtures/unsloth_style", "--out", str(tmp_path)]) == 0
+    report = capsys.readouterr().out
+    for rewrite in EXPECTED_UNSLOTH_STYLE_REWRITES:
+        assert rewrite in report
+
+    # The notebook saves to the relative folders `lora_model` and `outputs`: run it in a scratch folder, with its
+    # model and data paths made absolute.
+    work = tmp_path / "work"
+    work.mkdir()
+    result = run_script(tmp_path / "train.py", "--max_steps", "2", "--model_name", str(REPO / "models" / "tiny-llama"),
+                        "--data_path", str(REPO / "data" / "tiny_instructions.jsonl"),
+                        nproc=2, cwd=work, env=save_hook["env"])
+
+    assert (result.stdout + result.stderr).count("nbddp: backend=") == 1
+    saves = save_hook["log"].read_text().splitlines()
+    # Trainer also saves a checkpoint at the last step (its save_strategy defaults to "steps"), on rank 0 alone.
+    assert [save for save in saves if "checkpoint-" not in save] == ["0 lora_model"]
+    assert all(save.startswith("0 ") for save in saves)
+    assert (work / "lora_model" / "adapter_config.json").is_file()
+    assert (work / "lora_model" / "adapter_model.safetensors").is_file()
