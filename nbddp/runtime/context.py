@@ -3,12 +3,14 @@
 Like nanoGPT's DDP block: under torchrun (WORLD_SIZE > 1) it joins the process group; as a single process
 it defines the same names (rank 0, world size 1), so generated code never asks which mode it is in.
 """
+import atexit
 import contextlib
 import functools
 import importlib.util
 import inspect
 import os
 import sys
+import threading
 from datetime import timedelta
 
 import torch
@@ -16,6 +18,7 @@ import torch.distributed as dist
 
 from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
+from nbddp.runtime.flags import running_in_kernel
 
 # transformers' bitsandbytes optimizers (transformers.trainer_optimizer._BITSANDBYTES_OPTIMIZERS): they need
 # bitsandbytes and a CUDA device.
@@ -121,10 +124,49 @@ class DistributedContext:
                   f"{self.world_size}: the batches after it differ from an uninterrupted run's", file=sys.stderr)
 
     def shutdown(self):
-        """Wait for every rank, then leave the process group; harmless without one or when called twice."""
-        if dist.is_initialized():
-            self.barrier()
-            dist.destroy_process_group()
+        """Wait for every rank, then leave the process group; harmless without one or when called twice.
+
+        A script (not a kernel) whose group was gloo then ends here, with status 0, without the interpreter's
+        finalization: see `exit_without_finalization`. It is the generated script's last statement.
+        """
+        if not dist.is_initialized():
+            return
+        gloo = dist.get_backend() == "gloo"
+        self.barrier()
+        dist.destroy_process_group()
+        if gloo and not running_in_kernel():
+            exit_without_finalization()
+
+
+def exit_without_finalization():
+    """End the process as interpreter exit would (join non-daemon threads, run atexit callbacks, flush stdout
+    and stderr), then `os._exit`, before CPython finalizes.
+
+    Why: gloo's worker threads outlive `destroy_process_group()`. The backend's shutdown() (and abort())
+    leave them running; only its destructor joins them, and the Trainer's DDP wrapper and
+    torch.distributed.nn.functional's default arguments keep the group alive until finalization. A worker
+    drops its last reference to a finished collective after the caller has returned, and the work owns
+    tensors Python also sees (some, Python objects in their captured thread-local state); a gloo barrier
+    keeps the works in flight when it was enqueued alive through weak references, so on a rank that calls
+    `ddp.barrier()` back to back (rank 1, while rank 0 saves and generates) the Trainer's last all_gather is
+    freed together with the final barrier, as the process exits. Freeing them takes the GIL, and once
+    finalization has begun CPython 3.11 ends a thread that asks for it with pthread_exit, whose unwinding
+    through a noexcept destructor calls std::terminate ("terminate called without an active exception",
+    SIGABRT; about 1 run in 6 on two busy cores). The core dump's stack: ProcessGroupGloo::runLoop ->
+    ~AsyncBarrierWork x3 -> ~AsyncAllgatherWork -> TensorImpl::decref_pyobject -> gil_scoped_acquire ->
+    take_gil -> PyThread_exit_thread -> pthread_exit -> std::terminate, the main thread in Py_FinalizeEx.
+    No public API waits for those workers, so a script that ran gloo skips finalization instead. See
+    https://github.com/pytorch/pytorch/issues/190489 and https://github.com/pytorch/pytorch/pull/179291.
+    """
+    threading._shutdown()  # what interpreter exit does first: join non-daemon threads (private, like the next)
+    atexit._run_exitfuncs()  # logging.shutdown, tempfile and weakref finalizers, multiprocessing cleanup
+    status = 0
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or file: CPython's own exit reports status 120 then
+            status = 120
+    os._exit(status)
 
 
 def init_distributed(resume=False) -> DistributedContext:

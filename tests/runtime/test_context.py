@@ -40,6 +40,45 @@ def test_single_process_barriers_and_shutdown_are_harmless(single_process):
     assert ran == ["block"]
 
 
+@pytest.mark.parametrize("backend, in_kernel, ends_process", [
+    ("gloo", False, True),
+    ("gloo", True, False),  # a kernel lives on; nothing of gloo is torn down at its exit
+    ("nccl", False, False),  # destroy_process_group joins NCCL's own threads
+])
+def test_shutdown_ends_a_gloo_script_after_leaving_the_group(monkeypatch, backend, in_kernel, ends_process):
+    calls = []
+    monkeypatch.setattr(context.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(context.dist, "get_backend", lambda: backend)
+    monkeypatch.setattr(context.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(context.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    monkeypatch.setattr(context, "running_in_kernel", lambda: in_kernel)
+    monkeypatch.setattr(context, "exit_without_finalization", lambda: calls.append("exit"))
+    DistributedContext(world_size=2).shutdown()
+    assert calls == ["barrier", "destroy"] + (["exit"] if ends_process else [])
+
+
+class Stream:
+    def __init__(self, name, calls, error=None):
+        self.name, self.calls, self.error = name, calls, error
+
+    def flush(self):
+        self.calls.append(f"flush {self.name}")
+        if self.error:
+            raise self.error
+
+
+@pytest.mark.parametrize("stdout_error, status", [(None, 0), (BrokenPipeError(), 120)])
+def test_exit_without_finalization_does_what_exit_does_before_finalizing(monkeypatch, stdout_error, status):
+    calls = []
+    monkeypatch.setattr(context.threading, "_shutdown", lambda: calls.append("join threads"))
+    monkeypatch.setattr(context.atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
+    monkeypatch.setattr(context.sys, "stdout", Stream("stdout", calls, stdout_error))
+    monkeypatch.setattr(context.sys, "stderr", Stream("stderr", calls))
+    monkeypatch.setattr(context.os, "_exit", lambda code: calls.append(f"exit {code}"))
+    context.exit_without_finalization()
+    assert calls == ["join threads", "atexit", "flush stdout", "flush stderr", f"exit {status}"]
+
+
 def test_gpu_rank_places_the_model_on_its_own_device():
     ddp = DistributedContext(rank=3, local_rank=1, world_size=4, local_world_size=2, device=torch.device("cuda", 1))
     assert ddp.on_gpu and not ddp.is_main_process
@@ -91,7 +130,7 @@ def test_too_few_gpus_for_the_local_rank_is_a_usage_error(monkeypatch):
 
 WORKER = textwrap.dedent(
     """\
-    import sys, time
+    import atexit, sys, time
     from nbddp.runtime.context import init_distributed
 
     ddp = init_distributed()
@@ -112,8 +151,9 @@ WORKER = textwrap.dedent(
 
     args = TrainingArguments(output_dir=sys.argv[2], report_to=[])
     note(f"trainer world_size={args.world_size} parallel_mode={args.parallel_mode.value}")
-    ddp.shutdown()
-    ddp.shutdown()
+    atexit.register(note, "atexit callbacks ran")
+    ddp.shutdown()  # a gloo script ends here, without finalization
+    note("after shutdown")
     """
 )
 
@@ -131,8 +171,10 @@ def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
     assert events[:4] == ["0 enter", "0 leave", "1 enter", "1 leave"]
     assert sorted(events[4:]) == [
         "0 after-barrier world_size=2 local_world_size=2 device=cpu",
+        "0 atexit callbacks ran",
         "0 trainer world_size=2 parallel_mode=distributed",
         "1 after-barrier world_size=2 local_world_size=2 device=cpu",
+        "1 atexit callbacks ran",
         "1 trainer world_size=2 parallel_mode=distributed",
     ]
 
