@@ -26,8 +26,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
     args = TrainingArguments(output_dir=flag("--output_dir"), max_steps=int(flag("--max_steps")),
                              per_device_train_batch_size=2, report_to="none", use_cpu=True, save_strategy="no")
     Trainer(model=model, args=args, train_dataset=data).train()
-    # A gloo group left for interpreter exit can abort a rank ("terminate called without an active
-    # exception"); generated scripts end with ddp.shutdown(), which does the same.
+    # A gloo group left for interpreter exit aborts a rank more often ("terminate called without an
+    # active exception"); destroying it makes that rarer, not impossible (see nbddp.runtime.context).
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     print("script finished", __name__)
