@@ -26,11 +26,14 @@ TRAIN_SCRIPT = textwrap.dedent("""
     args = TrainingArguments(output_dir=flag("--output_dir"), max_steps=int(flag("--max_steps")),
                              per_device_train_batch_size=2, report_to="none", use_cpu=True, save_strategy="no")
     Trainer(model=model, args=args, train_dataset=data).train()
-    # A gloo group left for interpreter exit aborts a rank more often ("terminate called without an
-    # active exception"); destroying it makes that rarer, not impossible (see nbddp.runtime.context).
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
     print("script finished", __name__)
+    # gloo's workers can abort a rank during interpreter finalization ("terminate called without an
+    # active exception"): end as ddp.shutdown() does (see nbddp.runtime.context).
+    if torch.distributed.is_initialized():
+        from nbddp.runtime.context import exit_without_finalization
+
+        torch.distributed.destroy_process_group()
+        exit_without_finalization()
 """)
 
 
