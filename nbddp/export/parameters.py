@@ -20,7 +20,7 @@ NBDDP_PARAMETER_LINES = (
 NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp"}
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
-RESERVED_NAMES = ("backend", "resume", "ddp", "runtime")
+RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime")
 
 
 @dataclass(frozen=True)

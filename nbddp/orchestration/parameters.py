@@ -10,10 +10,9 @@ import difflib
 import yaml
 
 from nbddp.errors import NotebookError, UsageError
+from nbddp.export.parameters import NBDDP_PARAMETERS  # the parameters export adds to every script
 
 PARAMETERS_TAG = "parameters"
-# The parameters export adds to every script (nbddp.export.parameters.NBDDP_PARAMETERS; a test keeps them equal).
-NBDDP_PARAMETERS = frozenset({"backend", "resume"})
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
 

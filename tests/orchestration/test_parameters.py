@@ -127,8 +127,3 @@ def test_a_script_without_notebook_parameters_says_so():
     with pytest.raises(UsageError, match=r"-p x: unknown parameter `x`: the notebooks define no parameters"):
         parameters.resolve({"backend": "auto", "resume": False}, flag_values=[("x", "1")])
 
-
-def test_nbddp_own_parameters_are_the_ones_export_adds():
-    from nbddp.export.parameters import NBDDP_PARAMETERS
-
-    assert parameters.NBDDP_PARAMETERS == NBDDP_PARAMETERS.keys()
