@@ -126,4 +126,3 @@ def test_a_script_without_notebook_parameters_says_so():
     # The parameters cell of a pipeline whose notebooks define none holds only nbddp's own `backend`.
     with pytest.raises(UsageError, match=r"-p x: unknown parameter `x`: the notebooks define no parameters"):
         parameters.resolve({"backend": "auto", "resume": False}, flag_values=[("x", "1")])
-
