@@ -17,7 +17,7 @@
 # notebooks/02_lora_setup.ipynb (sha256 35facc27938338ad072f5674373d208a73938bc45a618fa6367c6563df403955),
 # notebooks/03_train.ipynb (sha256 171b07e2565ce0243eaac5d332ddf0926eeaee41bea4856b00a6bbe1006e13d1) — do not edit.
 # Run: torchrun --nproc_per_node N generated/train.py --help
-# nbddp-body-sha256: 56db947b3730d2cd5f2bb3ea8d1506d130bbb2d98dac18e4981edd2152cf49d3
+# nbddp-body-sha256: dc0e62694aa4022f39018ac9cf78d54a7d471dea714d1b1212d50c853f0a6cca
 
 # %% tags=["parameters"]
 # 01_data_prep.ipynb
@@ -249,7 +249,6 @@ trainer = SFTTrainer(
         report_to = "tensorboard",
         ddp_find_unused_parameters=False,
         average_tokens_across_devices=True,
-        ddp_timeout=7200,
     ),
     callbacks = [MetricsCallback(f"{output_dir}/metrics.jsonl")],
 )

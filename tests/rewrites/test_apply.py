@@ -185,7 +185,7 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
         "fp16 = ddp.gpu_only(not is_bfloat16_supported()),",
         "bf16 = ddp.gpu_only(is_bfloat16_supported()),",
         'optim = ddp.optimizer("adamw_8bit"),',
-        "ddp_find_unused_parameters=False,\n        average_tokens_across_devices=True,\n        ddp_timeout=7200,\n    ),",
+        "ddp_find_unused_parameters=False,\n        average_tokens_across_devices=True,\n    ),",
     ):
         assert rewritten in codes[4]
     assert 'if ddp.is_main_process:\n    print(f"GPU = ' in codes[5]

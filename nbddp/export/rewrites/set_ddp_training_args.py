@@ -4,9 +4,10 @@ In `TrainingArguments(...)`, `Seq2SeqTrainingArguments(...)` and TRL's configs (
 `GRPOConfig`, ... and Unsloth's `UnslothTrainingArguments`, an `SFTConfig`):
 
 - add `ddp_find_unused_parameters=False` (LoRA freezes most weights; searching for unused ones costs a
-  pass and can fail under gradient checkpointing), `average_tokens_across_devices=True` (the loss is
-  normalised by the tokens of all ranks) and `ddp_timeout=7200` (rank 0 may save for a long time),
-  unless the author set them;
+  pass and can fail under gradient checkpointing) and `average_tokens_across_devices=True` (the loss is
+  normalised by the tokens of all ranks), unless the author set them; a `ddp_timeout` the author set is
+  noted as having no effect (the runtime creates the process group before any trainer, with the
+  `NBDDP_TIMEOUT_S` timeout, and accelerate keeps an existing group);
 - wrap `fp16=X`/`bf16=X` as `ddp.gpu_only(X)`; a TRL config with neither gets `bf16=ddp.gpu_only(True)`,
   TRL's own default on GPU, because the trainer refuses bf16 on CPU (`TrainingArguments` defaults to
   fp32, which runs anywhere, so it gets nothing);
@@ -39,7 +40,7 @@ TRL_CONFIGS = {
     "CPOConfig",
     "UnslothTrainingArguments",
 }
-DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True", "ddp_timeout": "7200"}
+DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True"}
 
 
 def is_bitsandbytes_optimizer(node: cst.BaseExpression) -> bool:
@@ -65,6 +66,10 @@ class SetDdpTrainingArgs(Rewrite):
         return updated_node
 
     def _set_ddp_defaults(self, original_node, updated_node):
+        timeout = keyword(original_node, "ddp_timeout")
+        if timeout is not None:
+            self.record(timeout, f"ddp_timeout={code_of(timeout.value)} has no effect under nbddp; "
+                                 "set NBDDP_TIMEOUT_S (seconds) instead")
         missing = [name for name in DDP_DEFAULTS if keyword(original_node, name) is None]
         if not missing:
             return updated_node
