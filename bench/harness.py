@@ -18,6 +18,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -375,6 +376,8 @@ def main():
         parser.error(f"--experiments: unknown {unknown}; known: {list(plan.EXPERIMENTS)}")
     chosen = [plan.EXPERIMENTS[n] for n in names]
     args.out.mkdir(parents=True, exist_ok=True)
+    # Trial folders of an earlier call on the same machine would be read as this call's (same names).
+    shutil.rmtree(args.work / "trials", ignore_errors=True)
     memory = gpu_memory_gib()
     env_info = environment(memory)
     matmul = matmul_rates()

@@ -3,7 +3,7 @@
 `install(...)` registers a post-import hook on `transformers.trainer`, so nothing here imports
 transformers before the script does (Unsloth must be imported first). Once the module loads,
 `Trainer.train` is wrapped: the wrapper adds a `StepTimer` callback, applies DDP keyword overrides
-to the accelerator (bench variants), times batch fetching on the instance (Unsloth checks the
+to the accelerator and removes named callbacks (bench variants), times batch fetching on the instance (Unsloth checks the
 class method's source, so the class is left alone), runs training and writes
 `<result_dir>/rank<R>.json`.
 
@@ -45,9 +45,10 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(result_dir, t0, ddp_overrides=None):
-    """Arrange for the next `Trainer.train` call in this process to be timed and reported."""
-    report = Report(result_dir, t0, ddp_overrides or {})
+def install(result_dir, t0, ddp_overrides=None, remove_callbacks=()):
+    """Arrange for the next `Trainer.train` call in this process to be timed and reported; `remove_callbacks`
+    names callback classes to take off the trainer first (to measure what they cost)."""
+    report = Report(result_dir, t0, ddp_overrides or {}, tuple(remove_callbacks))
     if "transformers.trainer" in sys.modules:
         _wrap_train(sys.modules["transformers.trainer"], report)
     else:
@@ -92,10 +93,11 @@ def _gpu_processes():
 class Report:
     """Collects one rank's measurements during training and writes them as JSON."""
 
-    def __init__(self, result_dir, t0, ddp_overrides):
+    def __init__(self, result_dir, t0, ddp_overrides, remove_callbacks=()):
         self.result_dir = result_dir
         self.t0 = t0
         self.ddp_overrides = ddp_overrides
+        self.remove_callbacks = remove_callbacks
         self.trainer = None
         self.events = []  # CUDA events at on_step_end (index 0: train begin)
         self.host_times = []  # perf_counter at the same points
@@ -111,6 +113,8 @@ class Report:
         self.data["t_train_called_s"] = time.time() - self.t0
         if self.ddp_overrides:
             self._apply_ddp_overrides(trainer)
+        for name in self.remove_callbacks:
+            self._remove_callback(trainer, name)
         fetch = trainer.get_batch_samples
 
         def timed_fetch(*args, **kwargs):
@@ -148,6 +152,14 @@ class Report:
                 raise ValueError(f"BENCH_DDP_KWARGS: DistributedDataParallelKwargs has no field {name!r}")
             setattr(handler, name, value)
         trainer.accelerator.ddp_handler = handler
+
+    def _remove_callback(self, trainer, name):
+        found = [c for c in trainer.callback_handler.callbacks if type(c).__name__ == name]
+        if not found:  # a misspelt name would otherwise measure the unchanged script
+            present = [type(c).__name__ for c in trainer.callback_handler.callbacks]
+            raise ValueError(f"BENCH_REMOVE_CALLBACKS: the trainer has no {name!r} callback; it has {present}")
+        for callback in found:
+            trainer.remove_callback(callback)
 
     def mark(self, torch):
         if self.cuda:
@@ -212,6 +224,7 @@ class Report:
             "torch_threads": torch.get_num_threads(),
             "omp_num_threads_env": os.environ.get("OMP_NUM_THREADS"),
             "ddp_overrides": self.ddp_overrides,
+            "removed_callbacks": list(self.remove_callbacks),
             "t_end_s": time.time() - self.t0,
         }
         os.makedirs(self.result_dir, exist_ok=True)

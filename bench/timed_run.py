@@ -6,7 +6,8 @@
 Environment: BENCH_RESULT_DIR (required; each rank writes rank<R>.json there), BENCH_T0 (epoch
 seconds when the launch began, for wall time to first step; default: now), BENCH_DDP_KWARGS
 (JSON dict of accelerate DistributedDataParallelKwargs fields to override, e.g.
-{"gradient_as_bucket_view": true}).
+{"gradient_as_bucket_view": true}), BENCH_REMOVE_CALLBACKS (comma-separated callback class names
+to take off the trainer, e.g. MetricsCallback).
 """
 import json
 import os
@@ -27,7 +28,8 @@ def main():
     if not result_dir:
         sys.exit("timed_run.py: set BENCH_RESULT_DIR to the folder for rank<R>.json")
     t0 = float(os.environ.get("BENCH_T0") or time.time())
-    step_timer.install(result_dir, t0, json.loads(os.environ.get("BENCH_DDP_KWARGS") or "{}"))
+    removed = [name for name in os.environ.get("BENCH_REMOVE_CALLBACKS", "").split(",") if name]
+    step_timer.install(result_dir, t0, json.loads(os.environ.get("BENCH_DDP_KWARGS") or "{}"), removed)
     sys.argv = [script, *sys.argv[2:]]
     sys.path.remove(REPO)  # the script sees the path `python SCRIPT` gives it: its folder first
     sys.path[0] = os.path.dirname(script)

@@ -42,3 +42,21 @@ def test_ddp_overrides_reach_the_distributed_wrapper_on_every_rank(tmp_path, tin
         wrapper = record["ddp_module"]
         assert wrapper["class"] == "DistributedDataParallel"
         assert wrapper["gradient_as_bucket_view"] is True and wrapper["bucket_bytes_cap"] == 5 * 2 ** 20
+
+
+@pytest.mark.e2e
+def test_named_callbacks_are_removed_and_a_missing_one_is_an_error(tmp_path, tiny_train_script):
+    def run(removed):
+        env = {**os.environ, "BENCH_RESULT_DIR": str(tmp_path / removed), "BENCH_REMOVE_CALLBACKS": removed}
+        return subprocess.run([sys.executable, "bench/timed_run.py", str(tiny_train_script), "--max_steps", "2",
+                               "--output_dir", str(tmp_path / "out")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    done = run("ProgressCallback")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "ProgressCallback" / "rank0.json").read_text())["removed_callbacks"] == [
+        "ProgressCallback"]
+    assert "it/s]" not in done.stderr  # the progress bar is gone
+    failed = run("MisspeltCallback")
+    assert failed.returncode != 0
+    assert "the trainer has no 'MisspeltCallback' callback" in failed.stderr
