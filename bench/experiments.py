@@ -107,6 +107,18 @@ EXPERIMENTS = {
                          ("generated_2gpu_no_metrics", "generated_2gpu")),
         ),
         Experiment(
+            name="scaling_8b_device_tokens",
+            description="scaling_8b again once MetricsCallback counted tokens on the device and summed them over "
+                        "ranks once per logged step (instead of Trainer's gather and host sync before every micro "
+                        "batch): 1 vs 2 GPUs and generated vs reference, Unsloth bf16 LoRA, 8B, checkpointing off.",
+            shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8,
+            variants={"generated_1gpu": Variant("generated", 1, UNSLOTH_BF16),
+                      "generated_2gpu": Variant("generated", 2, UNSLOTH_BF16),
+                      "reference_2gpu": Variant("reference", 2, REFERENCE_BF16_OFF)},
+            order=("generated_2gpu", "reference_2gpu", "generated_1gpu"), rounds=3,
+            comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "reference_2gpu")),
+        ),
+        Experiment(
             name="recheck_8b",
             description="A second generated vs hand-written pair at 2 GPUs (reference first this time), Unsloth "
                         "bf16 LoRA, 8B, more timed steps: scaling_8b's one pair fell short of the target.",

@@ -40,10 +40,14 @@ def run_script(script, *flags, nproc, cwd=REPO, env=None):
     return result
 
 
+def step_records(output_dir):
+    records = map(json.loads, (Path(output_dir) / "metrics.jsonl").read_text().splitlines())
+    return [record for record in records if "event" not in record]
+
+
 def losses(output_dir):
     """{step: training loss} from a run's metrics.jsonl."""
-    records = map(json.loads, (Path(output_dir) / "metrics.jsonl").read_text().splitlines())
-    return {record["step"]: record["loss"] for record in records if "event" not in record}
+    return {record["step"]: record["loss"] for record in step_records(output_dir)}
 
 
 @pytest.fixture
@@ -117,6 +121,10 @@ def test_two_processes_log_the_losses_of_one_process_accumulating_two_batches(ex
     assert len(set(one.values())) == 4  # the steps saw different batches (and updated weights)
     for step in one:
         assert two[step] == pytest.approx(one[step], abs=1e-5), f"step {step}: 1 process {one[step]}, 2: {two[step]}"
+    # metrics.jsonl counts the tokens of the global batch: rank 0 alone would count half of them
+    tokens_one = [record["tokens"] for record in step_records(tmp_path / "one")]
+    assert [record["tokens"] for record in step_records(tmp_path / "two")] == tokens_one
+    assert all(count > 8 for count in tokens_one)  # 8 rows of several tokens each
 
 
 EXPECTED_UNSLOTH_STYLE_REWRITES = [

@@ -16,13 +16,26 @@ def records(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+class Counted(torch.nn.Module):
+    """A model whose forward passes the callback counts."""
+
+    def forward(self, input_ids=None, attention_mask=None):
+        return input_ids
+
+
+def cpu_args():
+    return SimpleNamespace(device=torch.device("cpu"))
+
+
 def simulate(callback, is_world_process_zero):
-    args = SimpleNamespace(include_num_input_tokens_seen="no")
+    args, model = cpu_args(), Counted()
     control = TrainerControl()
-    callback.on_train_begin(args, state(is_world_process_zero), control)
+    callback.on_train_begin(args, state(is_world_process_zero), control, model=model)
+    model(input_ids=torch.ones(2, 5, dtype=torch.long))
     callback.on_log(args, state(is_world_process_zero, 5, 640), control, logs={"loss": 2.5, "learning_rate": 1e-4, "grad_norm": 1.0})
     callback.on_log(args, state(is_world_process_zero, 5, 640), control, logs={"eval_loss": 2.4, "eval_runtime": 0.1})
     callback.on_log(args, state(is_world_process_zero, 10, 1280), control, logs={"train_runtime": 3.5, "train_loss": 2.3})
+    callback.on_train_end(args, state(is_world_process_zero), control)
     return args
 
 
@@ -31,18 +44,17 @@ def test_rank_zero_writes_steps_evals_and_end(tmp_path):
     args = simulate(MetricsCallback(path), is_world_process_zero=True)
     step, evaluation, end = records(path)
     assert step["step"] == 5 and step["loss"] == 2.5 and step["learning_rate"] == 1e-4
-    assert step["tokens_per_s"] > 0 and step["time_s"] >= 0 and step["peak_mem_gib"] > 0
-    assert set(step) == {"step", "loss", "learning_rate", "tokens_per_s", "peak_mem_gib", "time_s"}
+    assert step["tokens"] == 10 and step["tokens_per_s"] > 0 and step["time_s"] >= 0 and step["peak_mem_gib"] > 0
+    assert set(step) == {"step", "loss", "learning_rate", "tokens", "tokens_per_s", "peak_mem_gib", "time_s"}
     assert evaluation == {"event": "eval", "step": 5, "eval_loss": 2.4}
     assert end == {"event": "end", "step": 10, "train_runtime": 3.5, "train_loss": 2.3}
-    assert args.include_num_input_tokens_seen == "non_padding"  # every rank turns token counting on
+    assert not hasattr(args, "include_num_input_tokens_seen")  # Trainer's per-batch count is left off
 
 
 def test_other_ranks_write_nothing(tmp_path):
     path = tmp_path / "outputs" / "metrics.jsonl"
-    args = simulate(MetricsCallback(path), is_world_process_zero=False)
+    simulate(MetricsCallback(path), is_world_process_zero=False)
     assert not path.exists() and not path.parent.exists()
-    assert args.include_num_input_tokens_seen == "non_padding"
 
 
 def test_a_new_training_run_starts_a_new_file(tmp_path):
@@ -57,8 +69,8 @@ def test_a_run_resumed_at_a_checkpoint_keeps_the_lines_up_to_its_step(tmp_path):
     killed = [{"event": "eval", "step": 0, "eval_loss": 3.0}, {"step": 4, "loss": 2.9}, {"step": 5, "loss": 2.8},
               {"step": 6, "loss": 2.7}]
     path.write_text("".join(json.dumps(record) + "\n" for record in killed) + '{"step": 7, "lo')  # killed mid-line
-    callback, args, control = MetricsCallback(path), SimpleNamespace(include_num_input_tokens_seen="no"), TrainerControl()
-    callback.on_train_begin(args, state(True, step=5), control)  # Trainer loaded checkpoint-5
+    callback, args, control = MetricsCallback(path), cpu_args(), TrainerControl()
+    callback.on_train_begin(args, state(True, step=5), control, model=Counted())  # Trainer loaded checkpoint-5
     callback.on_log(args, state(True, 6, 64), control, logs={"loss": 2.65})
     assert [(record["step"], record.get("loss")) for record in records(path)] == [(0, None), (4, 2.9), (5, 2.8), (6, 2.65)]
     assert not list(tmp_path.glob(".*"))  # no temp file left behind
@@ -68,14 +80,34 @@ def test_tokens_per_second_over_each_interval(tmp_path, monkeypatch):
     clock = iter([100.0, 102.0, 106.0])
     monkeypatch.setattr("nbddp.runtime.metrics.time.perf_counter", lambda: next(clock))
     path = tmp_path / "metrics.jsonl"
-    callback, args, control = MetricsCallback(path), SimpleNamespace(include_num_input_tokens_seen="all"), TrainerControl()
-    callback.on_train_begin(args, state(True), control)
-    callback.on_log(args, state(True, 1, 1000), control, logs={"loss": 3.0, "learning_rate": 0.1})
-    callback.on_log(args, state(True, 2, 3000), control, logs={"loss": 2.0, "learning_rate": 0.1})
+    callback, args, control, model = MetricsCallback(path), cpu_args(), TrainerControl(), Counted()
+    callback.on_train_begin(args, state(True), control, model=model)
+    model(input_ids=torch.ones(1, 1000, dtype=torch.long))
+    callback.on_log(args, state(True, 1), control, logs={"loss": 3.0, "learning_rate": 0.1})
+    model(input_ids=torch.ones(2, 1000, dtype=torch.long))
+    callback.on_log(args, state(True, 2), control, logs={"loss": 2.0, "learning_rate": 0.1})
     first, second = records(path)
+    assert (first["tokens"], second["tokens"]) == (1000, 2000)
     assert first["tokens_per_s"] == pytest.approx(1000 / 2) and first["time_s"] == pytest.approx(2)
     assert second["tokens_per_s"] == pytest.approx(2000 / 4) and second["time_s"] == pytest.approx(6)
-    assert args.include_num_input_tokens_seen == "all"  # a choice the notebook made is kept
+
+
+def test_only_non_padding_tokens_of_training_passes_count(tmp_path):
+    callback, args, control, model = MetricsCallback(tmp_path / "metrics.jsonl"), cpu_args(), TrainerControl(), Counted()
+    callback.on_train_begin(args, state(True), control, model=model)
+    ids, mask = torch.ones(2, 6, dtype=torch.long), torch.tensor([[1] * 6, [1] * 4 + [0] * 2])
+    model(input_ids=ids, attention_mask=mask)  # 10 real tokens, 2 padding
+    model(ids)  # positional input ids, no mask: all 12 count
+    with torch.no_grad():  # generation
+        model(input_ids=ids)
+    model.eval()  # evaluation
+    model(input_ids=ids)
+    callback.on_log(args, state(True, 1), control, logs={"loss": 1.0})
+    callback.on_train_end(args, state(True), control)
+    model.train()
+    model(input_ids=ids)  # after training: the hook is gone
+    assert [record["tokens"] for record in records(tmp_path / "metrics.jsonl")] == [22]
+    assert callback._tokens.item() == 0
 
 
 def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
@@ -96,5 +128,6 @@ def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
     trainer.train()
     first, second, end = records(output_dir / "metrics.jsonl")
     assert (first["step"], second["step"]) == (2, 4)
+    assert first["tokens"] == second["tokens"] == 2 * 2 * 6  # 2 steps of 2 rows of 6 tokens per logged line
     assert first["tokens_per_s"] > 0 and first["learning_rate"] > 0
     assert end["event"] == "end" and end["step"] == 4 and end["train_runtime"] > 0
