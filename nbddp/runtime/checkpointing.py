@@ -69,7 +69,7 @@ class CheckpointingChoice:
     seq_len: int
     micro_batch: int
     shape: ModelShape | None = None
-    full_logits: bool = False  # the estimate counts materialised logits (Transformers+PEFT's loss)
+    transformers_peft: bool = False  # the estimate counts materialised logits (Transformers+PEFT's loss)
     estimates: dict = dataclasses.field(default_factory=dict)  # mode -> estimate_peak(...) of the modes available
     capacity_gib: float | None = None  # memory this process can have on its GPU (smallest over ranks)
     budget_gib: float | None = None  # HEADROOM * capacity
@@ -129,12 +129,12 @@ def choose_gradient_checkpointing(use_gradient_checkpointing, model, max_seq_len
     offloads = unsloth and max_seq_length >= UNSLOTH_MIN_OFFLOAD_SEQ
     available = MODES if offloads else tuple(mode for mode in MODES if mode != "unsloth")
     choice = CheckpointingChoice(requested, "off", "", max_seq_length, per_device_train_batch_size,
-                                 full_logits=not unsloth)
+                                 transformers_peft=not unsloth)
     if model.device.type == "cuda":
         capacity = _smallest_over_ranks(_capacity_gib(model.device), model.device)
         shape = shape_from_model(model, lora_r)
         estimates = {} if shape is None else {
-            mode: estimate_peak(shape, max_seq_length, per_device_train_batch_size, mode, full_logits=not unsloth)
+            mode: estimate_peak(shape, max_seq_length, per_device_train_batch_size, mode, transformers_peft=not unsloth)
             for mode in available
         }
         choice = dataclasses.replace(choice, shape=shape, estimates=estimates, capacity_gib=capacity,

@@ -30,7 +30,7 @@ class FirstStepMemoryCheck(TrainerCallback):
         seq_len = getattr(args, "max_length", None) or choice.seq_len  # SFTConfig's; plain TrainingArguments have none
         if (batch, seq_len) == (choice.micro_batch, choice.seq_len) or choice.shape is None:
             return
-        self.estimate_gib = estimate_peak(choice.shape, seq_len, batch, choice.mode, choice.full_logits)["total_gib"]
+        self.estimate_gib = estimate_peak(choice.shape, seq_len, batch, choice.mode, choice.transformers_peft)["total_gib"]
         if state.is_world_process_zero:
             print(f"nbddp: gradient checkpointing {choice.mode} was chosen for batch {choice.micro_batch} x "
                   f"{choice.seq_len} tokens, the trainer runs {batch} x {seq_len}: estimated peak "

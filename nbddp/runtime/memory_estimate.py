@@ -12,8 +12,10 @@ batch 4 on an H200: off measured 10.4 GiB, "unsloth" 3.0 GiB; 6*hidden + 2*kv_di
 (the layer input, norm outputs, Q, attention output, residual, K/V, and SwiGLU's gate and up, from which
 Unsloth recomputes the product), times the allocator factor, gives 11.4 and 2.9 GiB there. At 8B (seq 2048,
 micro batch 2, "unsloth") it gives 17.7 GiB against 16.3-16.7 measured, and 7.1 against 6.9 for QLoRA
-(docs/performance.md). The Transformers+PEFT fallback keeps more per layer, so this is a lower bound for it;
-it also materialises the logits (`full_logits`), which Unsloth's fused loss does not.
+(docs/performance.md). The Transformers+PEFT fallback (`transformers_peft`) keeps more per layer, measured
+at 8B with checkpointing off: 1.5x Unsloth's activations in bf16 (42.4 GiB peak), 2.4x under QLoRA (45.1 GiB,
+more than its bf16 run: peft's prepare_model_for_kbit_training runs the norms, embeddings and head in fp32);
+it also materialises the logits, which Unsloth's fused loss does not.
 
 No torch here: bench imports this module on hosts and in tests where no model is loaded.
 """
@@ -26,6 +28,9 @@ FP32 = 4
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64 / 4 + 1 / 256  # 4-bit values, double-quantised absmax per 64, second-level scales
 LORA_BYTES_PER_PARAM = 4 + 4 + 2 * 4  # fp32 adapter, its gradient, Adam's two moments
 ALLOCATOR_OVERHEAD = 1.10  # fragmentation and workspaces seen between allocated and estimated
+# Per-layer activations of the Transformers+PEFT fallback over Unsloth's (see above).
+TRANSFORMERS_PEFT_ACTIVATIONS = 1.5
+TRANSFORMERS_PEFT_4BIT_ACTIVATIONS = 2.4
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -41,6 +46,7 @@ class ModelShape:
     activation_bytes: int  # bytes of one activation value: 2 under bf16/fp16 training
     weight_bytes: float  # the base model's weights as loaded (4-bit or not)
     lora_params: int  # adapter parameters that will train
+    four_bit: bool = False  # the decoder's linears are bitsandbytes 4-bit
 
 
 def linear_shapes(config: dict):
@@ -89,7 +95,8 @@ def shape_from_config(config: dict, load_in_4bit: bool, lora_r=16) -> ModelShape
         weights = counts["decoder_linear"] * NF4_BYTES_PER_WEIGHT + dense * BF16
     else:
         weights = counts["base_total"] * BF16
-    return ModelShape(**_decoder_widths(config), activation_bytes=BF16, weight_bytes=weights, lora_params=counts["lora"])
+    return ModelShape(**_decoder_widths(config), activation_bytes=BF16, weight_bytes=weights, lora_params=counts["lora"],
+                      four_bit=load_in_4bit)
 
 
 def shape_from_model(model, lora_r: int, targets=LORA_TARGETS) -> ModelShape | None:
@@ -109,21 +116,24 @@ def shape_from_model(model, lora_r: int, targets=LORA_TARGETS) -> ModelShape | N
         if name.rsplit(".", 1)[-1] in targets and hasattr(module, "in_features") and hasattr(module, "out_features")
     )
     activation_bytes = model.get_input_embeddings().weight.element_size()
+    four_bit = any(type(parameter).__name__ == "Params4bit" for parameter in model.parameters())
     return ModelShape(**_decoder_widths(config), activation_bytes=activation_bytes, weight_bytes=weights,
-                      lora_params=lora)
+                      lora_params=lora, four_bit=four_bit)
 
 
-def estimate_peak(shape: ModelShape, seq_len: int, micro_batch: int, mode: str, full_logits=False) -> dict:
+def estimate_peak(shape: ModelShape, seq_len: int, micro_batch: int, mode: str, transformers_peft=False) -> dict:
     """Estimated peak allocated memory (GiB) of one rank, with its parts.
 
-    `full_logits`: the loss is computed from materialised logits (Transformers+PEFT: bf16 logits and their fp32
-    copy), not chunked as in Unsloth's fused loss.
+    `transformers_peft`: the Transformers+PEFT fallback, which keeps more activations per layer and computes the
+    loss from materialised logits (bf16 logits and their fp32 copy), not chunked as in Unsloth's fused loss.
     """
     if mode not in MODES:
         raise ValueError(f"checkpointing mode {mode!r} is not one of {MODES}")
     tokens = seq_len * micro_batch
     value = shape.activation_bytes
     per_layer = value * (6 * shape.hidden_size + 2 * shape.kv_dim + 2 * shape.intermediate_size) * tokens
+    if transformers_peft:
+        per_layer *= TRANSFORMERS_PEFT_4BIT_ACTIVATIONS if shape.four_bit else TRANSFORMERS_PEFT_ACTIVATIONS
     layer_input = value * shape.hidden_size * tokens
     if mode == "off":
         activations = shape.num_layers * per_layer
@@ -135,7 +145,7 @@ def estimate_peak(shape: ModelShape, seq_len: int, micro_batch: int, mode: str, 
         "weights": shape.weight_bytes,
         "lora_and_optimizer": shape.lora_params * LORA_BYTES_PER_PARAM,
         "activations": activations,
-        "logits": tokens * shape.vocab_size * (value + FP32) if full_logits else 0,
+        "logits": tokens * shape.vocab_size * (value + FP32) if transformers_peft else 0,
     }
     total = sum(parts.values()) * ALLOCATOR_OVERHEAD
     return {"mode": mode, "total_gib": total / GIB, **{k + "_gib": v / GIB for k, v in parts.items()}}

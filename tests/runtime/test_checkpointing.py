@@ -54,9 +54,9 @@ def test_get_peft_model_cannot_take_auto():
 
 # --- the choice, against fake budgets -----------------------------------------------------------------------
 
-def estimates_8b(modes=MODES, full_logits=False):
+def estimates_8b(modes=MODES, transformers_peft=False):
     shape = shape_from_config(LLAMA_8B, False, 16)
-    return {mode: estimate_peak(shape, 2048, 2, mode, full_logits) for mode in modes}  # off 32.0, true 18.7, unsloth 17.7
+    return {mode: estimate_peak(shape, 2048, 2, mode, transformers_peft) for mode in modes}  # off 32.0, true 18.7, unsloth 17.7
 
 
 @pytest.mark.parametrize(
@@ -69,7 +69,7 @@ def test_auto_takes_the_cheapest_mode_that_fits(free_gib, mode):
 
 def test_auto_takes_the_most_saving_mode_when_none_fits():
     assert decide("auto", MODES, estimates_8b(), 0.85 * 16) == ("unsloth", "auto: no mode fits the budget: the most saving one")
-    hf = estimates_8b(WITHOUT_OFFLOAD, full_logits=True)
+    hf = estimates_8b(WITHOUT_OFFLOAD, transformers_peft=True)
     assert decide("auto", WITHOUT_OFFLOAD, hf, 0.85 * 24)[0] == "true"
 
 
@@ -150,8 +150,8 @@ def test_auto_on_a_gpu_with_the_fallback_counts_logits_and_warns_when_nothing_fi
     model = fake_gpu(24, unsloth=False)
     assert choose_gradient_checkpointing("auto", model, 2048, 2) is True
     choice = model.nbddp_checkpointing
-    assert choice.full_logits and set(choice.estimates) == {"off", "true"}
-    assert "nbddp: warning: gradient checkpointing true is estimated at 21.9 GiB, over the 20.4 GiB budget" in (
+    assert choice.transformers_peft and set(choice.estimates) == {"off", "true"}
+    assert "nbddp: warning: gradient checkpointing true is estimated at 22.2 GiB, over the 20.4 GiB budget" in (
         capsys.readouterr().out)
 
 
