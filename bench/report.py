@@ -28,14 +28,16 @@ def fmt(value, digits=0):
 
 
 def variant_table(result):
-    rows = ["| variant | GPUs | trials | tok/s (median of trials; per trial) | tok/s per GPU | MFU | peak GiB (max rank) | first step s |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    rows = ["| variant | GPUs | checkpointing | trials | tok/s (median of trials; per trial) | tok/s per GPU | MFU | "
+            "peak GiB (max rank) | first step s |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     trials = result["trials"]
     for label, summary in result["summary"]["variants"].items():
         gpus = next(t["world_size"] for t in trials if t["label"] == label and t["status"] == "ok")
+        checkpointing = checkpointing_used(t for t in trials if t["label"] == label and t["status"] == "ok")
         spreads = [f"{t['tokens_per_s']['median']:,.0f} [{t['tokens_per_s']['p10']:,.0f}–{t['tokens_per_s']['p90']:,.0f}]"
                    for t in trials if t["label"] == label and t["status"] == "ok"]
-        rows.append(f"| {label} | {gpus} | {summary['trials']} | {fmt(summary['tokens_per_s_median'])}; "
+        rows.append(f"| {label} | {gpus} | {checkpointing} | {summary['trials']} | {fmt(summary['tokens_per_s_median'])}; "
                     f"{'; '.join(spreads)} | {fmt(summary['tokens_per_s_per_gpu_median'])} | "
                     f"{summary['mfu_median']:.3f} | {fmt(summary['peak_allocated_gib_max_rank_median'], 1)} | "
                     f"{fmt(summary['t_first_step_s_median'], 1)} |")
@@ -43,6 +45,13 @@ def variant_table(result):
     if failed:
         rows.append(f"\nFailed trials: {', '.join(failed)}.")
     return "\n".join(rows)
+
+
+def checkpointing_used(trials):
+    """'asked -> what Trainer got' per variant, e.g. 'auto -> off' (Trainer's flag; "unsloth" shows as on)."""
+    seen = sorted({f"{t.get('checkpointing')} -> {'on' if t.get('gradient_checkpointing_arg') else 'off'}"
+                   for t in trials})
+    return ", ".join(seen)
 
 
 def comparison_table(result):
@@ -62,9 +71,9 @@ def markdown(results):
         parts.append(f"### {name}\n\n{result['description']}\n\n"
                      f"Shape {setup['shape']}, seq {setup['seq_len']}, micro batch {setup['micro_batch_per_gpu']}/GPU, "
                      f"{setup['steps']} steps ({setup['warmup_steps']} warm-up), "
-                     f"{'side by side' if setup['concurrent'] else 'one trial at a time'}; gradient checkpointing "
-                     f"\"unsloth\" (the notebooks') unless a variant says otherwise, the memory model's choice: "
-                     f"{setup['checkpointing_choice']['chosen']}.\n\n"
+                     f"{'side by side' if setup['concurrent'] else 'one trial at a time'}; "
+                     f"{len(result.get('calls') or [result.get('environment')])} device call(s); the memory model's "
+                     f"checkpointing choice for this shape: {setup['checkpointing_choice']['chosen']}.\n\n"
                      + variant_table(result) + "\n\n" + comparison_table(result) + "\n")
     return "\n".join(parts)
 

@@ -6,7 +6,8 @@ from bench.report import load, markdown, other_two_gpu_points, plot, projected_e
 
 
 def result(one=40_000.0, two=76_000.0):
-    trial = lambda label, world, tps: {"label": label, "world_size": world, "status": "ok",
+    trial = lambda label, world, tps: {"label": label, "world_size": world, "status": "ok", "checkpointing": "auto",
+                                       "gradient_checkpointing_arg": world == 2,
                                        "tokens_per_s": {"median": tps, "p10": tps * 0.9, "p90": tps * 1.1}}
     variants = {label: {"trials": 1, "tokens_per_s_median": tps, "tokens_per_s_per_gpu_median": tps / world,
                         "mfu_median": 0.3, "peak_allocated_gib_max_rank_median": 3.0, "t_first_step_s_median": 40.0}
@@ -31,6 +32,7 @@ def test_markdown_and_plot_from_results_files(tmp_path):
     results = load(tmp_path)
     text = markdown(results)
     assert "| g2 / g1 | 1.900 | 1.900 | 0.950 | 1.000 |" in text
+    assert "| g1 | 1 | auto -> off | 1 |" in text and "| g2 | 2 | auto -> on | 1 |" in text
     points = scaling_points(results)
     assert points == [("scaling_toy: g2", 40_000.0, 76_000.0, pytest.approx(0.95))]
     assert other_two_gpu_points(results) == []  # the only 2-GPU variant is the scaled one
