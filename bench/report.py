@@ -116,13 +116,14 @@ def plot(points, path, others=()):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for name, one, two, efficiency in points:
+    for index, (name, one, two, efficiency) in enumerate(points):
         four = 4 * one * projected_efficiency(efficiency)
         line, = axis.plot([1, 2], [one, two], "o-", label=f"{name} (eff. {efficiency:.2f})")
         axis.plot([2, 4], [two, four], "o--", color=line.get_color(), alpha=0.6)
         axis.plot([1, 2, 4], [one, 2 * one, 4 * one], ":", color=line.get_color(), alpha=0.4)
         axis.annotate(f"4 GPUs projected\n(eff. {projected_efficiency(efficiency):.2f})", (4, four),
-                      textcoords="offset points", xytext=(-90, -25), fontsize=7)
+                      textcoords="offset points", xytext=(-90, -25 - 22 * index), fontsize=7,
+                      color=line.get_color())
     for name, tokens_per_s in others:
         axis.plot([2], [tokens_per_s], "x", markersize=9, label=name)
     axis.set_xticks([1, 2, 4])
