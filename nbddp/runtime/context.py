@@ -138,9 +138,9 @@ class DistributedContext:
             exit_without_finalization()
 
 
-def exit_without_finalization():
-    """End the process as interpreter exit would (join non-daemon threads, run atexit callbacks, flush stdout
-    and stderr), then `os._exit`, before CPython finalizes.
+def exit_without_finalization(status: int = 0):
+    """End the process with `status` as interpreter exit would (join non-daemon threads, run atexit callbacks,
+    flush stdout and stderr), then `os._exit`, before CPython finalizes.
 
     Why: gloo's worker threads outlive `destroy_process_group()`. The backend's shutdown() (and abort())
     leave them running; only its destructor joins them, and the Trainer's DDP wrapper and
@@ -160,7 +160,6 @@ def exit_without_finalization():
     """
     threading._shutdown()  # what interpreter exit does first: join non-daemon threads (private, like the next)
     atexit._run_exitfuncs()  # logging.shutdown, tempfile and weakref finalizers, multiprocessing cleanup
-    status = 0
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -35,11 +35,23 @@ def install(script: str) -> None:
         sys.stderr.write(report)
         sys.stderr.flush()
         write_error_file(exc_type, exc, report)
+        status = exc.exit_status if issubclass(exc_type, NbddpError) else 1
+        if _gloo_group_exists():
+            # gloo's workers can abort this rank during finalization (SIGABRT instead of this status): end as
+            # ddp.shutdown() ends a gloo run (see nbddp.runtime.context.exit_without_finalization).
+            from nbddp.runtime.context import exit_without_finalization
+
+            exit_without_finalization(status)
         if issubclass(exc_type, NbddpError):
             # SystemExit raised by the excepthook sets the exit status; the interpreter still shuts down normally.
-            raise SystemExit(exc.exit_status)
+            raise SystemExit(status)
 
     sys.excepthook = report_with_origin
+
+
+def _gloo_group_exists() -> bool:
+    dist = sys.modules.get("torch.distributed")  # not imported: no group (and no torch import here)
+    return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo"
 
 
 def format_report(exc_type, exc, tb, script: str) -> str:

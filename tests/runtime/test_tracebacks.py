@@ -155,3 +155,40 @@ def test_without_torchrun_no_error_file_is_written(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     tracebacks.write_error_file(ValueError, ValueError("x"), "report")
     assert list(tmp_path.iterdir()) == []
+
+
+# An object that prints when the interpreter's finalization clears module globals.
+FINALIZATION_WITNESS = textwrap.dedent(
+    """\
+    import atexit
+    import os
+    import sys
+
+    class Witness:
+        def __del__(self, write=os.write):  # module globals are gone by then: bind what it needs
+            write(1, b"finalized\\n")
+
+    witness = Witness()
+    atexit.register(lambda: print("atexit ran", flush=True))
+    """
+)
+
+
+def test_an_uncaught_error_in_a_gloo_run_skips_finalization_with_status_1(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(FINALIZATION_WITNESS + textwrap.dedent(
+        f"""\
+        import torch.distributed as dist
+        from nbddp.runtime import tracebacks
+        if sys.argv[1] == "gloo":
+            dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        tracebacks.install(__file__)
+        raise ValueError("boom")
+        """))
+    gloo = subprocess.run([sys.executable, str(script), "gloo"], capture_output=True, text=True, timeout=120)
+    plain = subprocess.run([sys.executable, str(script), "none"], capture_output=True, text=True, timeout=120)
+    assert gloo.returncode == plain.returncode == 1
+    assert "ValueError: boom" in gloo.stderr and "ValueError: boom" in plain.stderr
+    assert "atexit ran" in gloo.stdout and "atexit ran" in plain.stdout
+    assert "finalized" not in gloo.stdout  # gloo: the process ended before finalization
+    assert "finalized" in plain.stdout  # without a group: the usual interpreter exit
