@@ -42,9 +42,10 @@ def activate(backend: str) -> None:
         # which means importing trl now rather than in the notebook's first trainer cell.
         from trl import SFTConfig, SFTTrainer
 
-        from nbddp.runtime.trl_compat import patch_sft_trainer
+        from nbddp.runtime.trl_compat import patch_sft_config, patch_sft_trainer
 
         patch_sft_trainer(SFTTrainer, SFTConfig)
+        patch_sft_config(SFTConfig)
         _patch_trainer_for_checkpointing()
         return
     # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank

@@ -13,6 +13,8 @@ Since TRL 0.13 (ours is 1.14), `SFTTrainer` takes none of `dataset_text_field`, 
 `processing_class`. Importing Unsloth patches every TRL trainer to move such arguments into its config
 (unsloth/trainer.py, `_patch_trl_trainer` and `_backwards_compatible_trainer`), so these notebooks run there. On the
 hf backend nothing imports Unsloth, so `patch_sft_trainer(SFTTrainer, SFTConfig)` makes the same move.
+Unsloth's own `SFTConfig` also takes `max_seq_length=` (its compiled `UnslothSFTConfig`), which TRL's refuses;
+`patch_sft_config(SFTConfig)` lets it set `max_length` there too.
 
 The notebook's `args` are kept as they are: the config is built from `args.to_dict()`, as TRL itself converts a
 plain `TrainingArguments`, so a value the author left unset keeps its `TrainingArguments` default (learning rate
@@ -55,3 +57,22 @@ def config_from(config_class, training_args, config_arguments: dict):
     if "max_seq_length" in config_arguments:  # TRL renamed it; Unsloth sets max_length from it
         config_arguments["max_length"] = config_arguments.pop("max_seq_length")
     return config_class(**{**values, **config_arguments})
+
+
+def patch_sft_config(config_class) -> None:
+    """Let `config_class(max_seq_length=N)` (`trl.SFTConfig`) mean `max_length=N`, as Unsloth's SFTConfig takes it;
+    a `max_length` given too wins. The value stays readable as `config.max_seq_length`. Patching twice is once."""
+    original = config_class.__init__
+    if getattr(original, "nbddp_takes_max_seq_length", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        max_seq_length = kwargs.pop("max_seq_length", None)
+        if max_seq_length is not None:
+            kwargs.setdefault("max_length", max_seq_length)
+        original(self, *args, **kwargs)
+        self.max_seq_length = max_seq_length
+
+    __init__.nbddp_takes_max_seq_length = True
+    config_class.__init__ = __init__

@@ -8,7 +8,7 @@ from trl import SFTConfig, SFTTrainer
 
 from nbddp.runtime import backends
 from nbddp.runtime.context import DistributedContext
-from nbddp.runtime.trl_compat import config_from, patch_sft_trainer
+from nbddp.runtime.trl_compat import config_from, patch_sft_config, patch_sft_trainer
 
 
 class RecordingTrainer:
@@ -83,8 +83,9 @@ def test_patching_twice_wraps_once(trainer_class):
 
 @pytest.fixture
 def hf_backend_active(monkeypatch):
-    """`backends.activate("hf")` as `setup` runs it; the real SFTTrainer is restored afterwards."""
+    """`backends.activate("hf")` as `setup` runs it; the real SFTTrainer and SFTConfig are restored afterwards."""
     monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
+    monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")
@@ -95,11 +96,37 @@ def test_only_the_hf_backend_patches_trl(monkeypatch):
 
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
     monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
+    monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
     monkeypatch.setitem(sys.modules, "unsloth", type(sys)("unsloth"))  # a stand-in for the real Unsloth
     backends.activate("unsloth")
     assert not getattr(SFTTrainer.__init__, "nbddp_takes_unsloth_arguments", False)
+    assert not getattr(SFTConfig.__init__, "nbddp_takes_max_seq_length", False)
     backends.activate("hf")
     assert SFTTrainer.__init__.nbddp_takes_unsloth_arguments
+    assert SFTConfig.__init__.nbddp_takes_max_seq_length
+
+
+@pytest.fixture
+def config_class():
+    cls = type("PatchedConfig", (SFTConfig,), {})
+    patch_sft_config(cls)
+    return cls
+
+
+def test_an_sft_config_takes_unsloths_max_seq_length(config_class, tmp_path):
+    with pytest.raises(TypeError, match="max_seq_length"):  # TRL's own SFTConfig refuses it
+        SFTConfig(output_dir=str(tmp_path), max_seq_length=512)
+    config = config_class(output_dir=str(tmp_path), max_seq_length=512, report_to="none", bf16=False)
+    assert (config.max_length, config.max_seq_length) == (512, 512)
+    both = config_class(output_dir=str(tmp_path), max_seq_length=512, max_length=128, report_to="none", bf16=False)
+    assert both.max_length == 128  # the TRL name, written out, wins
+    assert config_class(output_dir=str(tmp_path), report_to="none", bf16=False).max_length == SFTConfig.max_length
+
+
+def test_patching_the_config_twice_wraps_once(config_class):
+    patched = config_class.__init__
+    patch_sft_config(config_class)
+    assert config_class.__init__ is patched
 
 
 @pytest.mark.parametrize("tokenizer_keyword", ["processing_class", "tokenizer"])  # as export writes it, as Unsloth's notebooks did
