@@ -34,6 +34,8 @@ class MetricsCallback(TrainerCallback):
         self._hook = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self._hook is not None:  # a train() that raised never reached on_train_end: count once, not twice
+            self._hook.remove()
         self._tokens = torch.zeros((), dtype=torch.int64, device=args.device)
         self._hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         self._started = self._last_time = time.perf_counter()
@@ -43,6 +45,7 @@ class MetricsCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._hook.remove()
+        self._hook = None
 
     def _count_tokens(self, module, args, kwargs):
         # Training passes only: evaluation runs in eval mode and generation without gradients.

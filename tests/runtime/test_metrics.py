@@ -131,3 +131,12 @@ def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
     assert first["tokens"] == second["tokens"] == 2 * 2 * 6  # 2 steps of 2 rows of 6 tokens per logged line
     assert first["tokens_per_s"] > 0 and first["learning_rate"] > 0
     assert end["event"] == "end" and end["step"] == 4 and end["train_runtime"] > 0
+
+
+def test_a_training_run_that_raised_is_not_counted_twice_by_the_next(tmp_path):
+    callback, args, control, model = MetricsCallback(tmp_path / "metrics.jsonl"), cpu_args(), TrainerControl(), Counted()
+    callback.on_train_begin(args, state(True), control, model=model)  # this train() raises: no on_train_end
+    callback.on_train_begin(args, state(True), control, model=model)  # the user runs the cell again
+    model(input_ids=torch.ones(1, 7, dtype=torch.long))
+    callback.on_log(args, state(True, 1), control, logs={"loss": 1.0})
+    assert [record["tokens"] for record in records(tmp_path / "metrics.jsonl")] == [7]
