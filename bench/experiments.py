@@ -41,11 +41,24 @@ class Experiment:
 
 
 UNSLOTH_BF16 = {"backend": "unsloth", "load_in_4bit": False}
-UNSLOTH_4BIT = {"backend": "unsloth", "load_in_4bit": True}
-HF_BF16 = {"backend": "hf", "load_in_4bit": False}
-HF_4BIT = {"backend": "hf", "load_in_4bit": True}
 CHECKPOINTED = {"use_gradient_checkpointing": "unsloth"}
 REFERENCE_BF16_OFF = {"load_in_4bit": False, "use_gradient_checkpointing": "false"}
+
+
+
+def backends_8b(name, setting, settings):
+    """Unsloth vs Transformers+PEFT: the same generated script with --backend unsloth / hf and `settings`, 8B,
+    one GPU each, side by side, two rounds."""
+    return Experiment(
+        name=name,
+        description=f"Unsloth vs Transformers+PEFT, same generated script (--backend), 8B, 1 GPU each: {setting}",
+        shape="llama3-8b", micro_batch=2, steps=16, warmup_steps=4,
+        variants={"unsloth": Variant("generated", settings={"backend": "unsloth", **settings}),
+                  "hf": Variant("generated", settings={"backend": "hf", **settings})},
+        order=("unsloth", "hf"), rounds=2, concurrent=True,
+        comparisons=(("unsloth", "hf"),),
+    )
+
 
 EXPERIMENTS = {
     e.name: e
@@ -59,37 +72,17 @@ EXPERIMENTS = {
             order=("generated", "reference"), rounds=1, concurrent=True,
             comparisons=(("generated", "reference"),),
         ),
-        Experiment(
-            name="backends_qlora_8b",
-            description="Unsloth vs Transformers+PEFT, same generated script (--backend), QLoRA 4-bit, 8B, 1 GPU each, "
-                        "with gradient checkpointing as Unsloth's notebooks set it (\"unsloth\"; the fallback "
-                        "takes it as plain checkpointing): the setting of Unsloth's speed and memory claim.",
-            shape="llama3-8b", micro_batch=2, steps=16, warmup_steps=4,
-            variants={"unsloth": Variant("generated", settings={**UNSLOTH_4BIT, **CHECKPOINTED}),
-                      "hf": Variant("generated", settings={**HF_4BIT, **CHECKPOINTED})},
-            order=("unsloth", "hf"), rounds=2, concurrent=True,
-            comparisons=(("unsloth", "hf"),),
-        ),
-        Experiment(
-            name="backends_qlora_8b_auto",
-            description="Unsloth vs Transformers+PEFT, QLoRA 4-bit, 8B, 1 GPU each, checkpointing \"auto\" (the "
-                        "generated script's default: each backend takes the fastest mode that fits).",
-            shape="llama3-8b", micro_batch=2, steps=16, warmup_steps=4,
-            variants={"unsloth": Variant("generated", settings=UNSLOTH_4BIT),
-                      "hf": Variant("generated", settings=HF_4BIT)},
-            order=("unsloth", "hf"), rounds=2, concurrent=True,
-            comparisons=(("unsloth", "hf"),),
-        ),
-        Experiment(
-            name="backends_bf16_8b",
-            description="Unsloth vs Transformers+PEFT, same generated script (--backend), bf16 LoRA, 8B, 1 GPU each, "
-                        "checkpointing \"auto\".",
-            shape="llama3-8b", micro_batch=2, steps=16, warmup_steps=4,
-            variants={"unsloth": Variant("generated", settings=UNSLOTH_BF16),
-                      "hf": Variant("generated", settings=HF_BF16)},
-            order=("unsloth", "hf"), rounds=2, concurrent=True,
-            comparisons=(("unsloth", "hf"),),
-        ),
+        backends_8b(
+            "backends_qlora_8b",
+            "QLoRA 4-bit, with gradient checkpointing as Unsloth's notebooks set it (\"unsloth\"; the fallback "
+            "takes it as plain checkpointing): the setting of Unsloth's speed and memory claim.",
+            {"load_in_4bit": True, **CHECKPOINTED}),
+        backends_8b(
+            "backends_qlora_8b_auto",
+            "QLoRA 4-bit, checkpointing \"auto\" (the generated script's default: each backend takes the "
+            "fastest mode that fits).",
+            {"load_in_4bit": True}),
+        backends_8b("backends_bf16_8b", "bf16 LoRA, checkpointing \"auto\".", {"load_in_4bit": False}),
         Experiment(
             name="scaling_8b",
             description="DDP scaling of the generated script (1 vs 2 GPUs, same per-GPU batch), the generated "
@@ -116,6 +109,18 @@ EXPERIMENTS = {
                       "generated_2gpu": Variant("generated", 2, UNSLOTH_BF16),
                       "reference_2gpu": Variant("reference", 2, REFERENCE_BF16_OFF)},
             order=("generated_2gpu", "reference_2gpu", "generated_1gpu"), rounds=3,
+            comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "reference_2gpu")),
+        ),
+        Experiment(
+            name="scaling_8b_qlora",
+            description="DDP scaling of the generated script and generated vs reference at 2 GPUs, Unsloth QLoRA "
+                        "4-bit, 8B, checkpointing off (what \"auto\" picks on an H200; the reference is told).",
+            shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8,
+            variants={"generated_1gpu": Variant("generated", 1, {"backend": "unsloth", "load_in_4bit": True}),
+                      "generated_2gpu": Variant("generated", 2, {"backend": "unsloth", "load_in_4bit": True}),
+                      "reference_2gpu": Variant("reference", 2, {"load_in_4bit": True,
+                                                                 "use_gradient_checkpointing": "false"})},
+            order=("generated_1gpu", "generated_2gpu", "reference_2gpu"), rounds=3,
             comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "reference_2gpu")),
         ),
         Experiment(

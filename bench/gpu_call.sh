@@ -2,6 +2,7 @@
 # One device call: unpack the GPU site packages, record the machine, run the bench harness.
 #   bash bench/gpu_call.sh DEADLINE_S EXPERIMENT[,EXPERIMENT...]      (repository root, $OUT set)
 # Results: $OUT/<experiment>.json, $OUT/logs.tgz, $OUT/log (this script's output).
+# The host gets no .git: set BENCH_COMMIT to the commit of the tree you sent, for the results files.
 set -o pipefail
 deadline=${1:?deadline in seconds}
 experiments=${2:?comma-separated experiments}
