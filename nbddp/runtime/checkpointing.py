@@ -69,7 +69,7 @@ class CheckpointingChoice:
     seq_len: int
     micro_batch: int
     shape: ModelShape | None = None
-    transformers_peft: bool = False  # the estimate counts materialised logits (Transformers+PEFT's loss)
+    transformers_peft: bool = False  # estimated for the fallback: more activations per layer, materialised logits
     estimates: dict = dataclasses.field(default_factory=dict)  # mode -> estimate_peak(...) of the modes available
     capacity_gib: float | None = None  # memory this process can have on its GPU (smallest over ranks)
     budget_gib: float | None = None  # HEADROOM * capacity

@@ -9,8 +9,8 @@ over all ranks, so `tokens_per_s` is the throughput of the whole run over the lo
 counted on the device by a forward pre-hook and summed over ranks once per logged step. (Trainer's own
 count, `include_num_input_tokens_seen`, gathers over ranks and waits for the GPU before every micro batch:
 on 2×H200 the generated 8B run went from 0.955× to 0.997× of a hand-written script without it,
-docs/performance.md.) Peak memory is this rank's CUDA
-memory reserved by PyTorch on a GPU, and the process's peak resident memory on a CPU.
+docs/performance.md.) Peak memory is this rank's CUDA memory reserved by PyTorch on a GPU, and the
+process's peak resident memory on a CPU.
 
 Each `trainer.train()` starts the file afresh, except one that resumes from a checkpoint at step S: it keeps
 the lines up to step S and appends, so a run killed and resumed reads as one run.
