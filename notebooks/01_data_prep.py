@@ -88,16 +88,18 @@ def formatting_prompts_func(examples):
 
 # %% [markdown]
 # ### Load, format, split
-# The data is a local JSON-lines file, so no hub is involved. `require_fields` names the first row that
-# lacks a column the prompt needs (`data/x.jsonl row 17: missing "output"`) instead of letting the
-# formatting fail inside `map`. The split is seeded: every process of a distributed run, and every
+# The data is a local JSON-lines file, so no hub is involved. `require_file` says plainly when `data_path`
+# is no file (with the nearest file name), and `require_fields` names the first row that lacks a column
+# the prompt needs (`data/x.jsonl row 17: missing "output"`), instead of tracebacks from inside
+# `load_dataset` or `map`. The split is seeded: every process of a distributed run, and every
 # rerun, holds out the same rows. (Tagged `main-process-first`: in the exported script the first
 # process fills the datasets cache and the others then read it.)
 
 # %% tags=["main-process-first"]
 from datasets import load_dataset
-from nbddp.runtime.data import require_fields
+from nbddp.runtime.data import require_file, require_fields
 
+require_file(data_path)
 dataset = load_dataset("json", data_files = data_path, split = "train")
 require_fields(dataset, ["instruction", "input", "output"], source = data_path)
 dataset = dataset.map(formatting_prompts_func, batched = True,)

@@ -1,14 +1,45 @@
-"""Checks on a dataset before a notebook formats it, so a bad row is named instead of failing deep in `map`.
+"""Checks on data before a notebook loads and formats it, so a bad path or row is named instead of failing deep
+in `load_dataset` or `map`.
 
-    from nbddp.runtime.data import require_fields
+    from nbddp.runtime.data import require_file, require_fields
+    require_file(data_path)  # DataError: data file 'data/tiny.jsonl': no such file (did you mean ...?)
     require_fields(dataset, ["instruction", "input", "output"], source=data_path)
     # DataError: data/x.jsonl row 17: missing "output"
+
+`load_dataset("json", data_files=path)` answers a missing file with a FileNotFoundError from deep in
+`datasets` (about forty frames) that names the absolute path but not the parameter or a near miss.
 
 A JSON-lines file whose row lacks a key loads with None in that row's column (the key of other rows),
 and a formatting function then fails on it with a TypeError far from the row; a key no row has is no
 column at all, a KeyError inside `dataset.map`.
 """
+import difflib
+import glob
+from pathlib import Path
+
 from nbddp.errors import DataError
+
+
+def require_file(path: str) -> None:
+    """Raise DataError naming `path` when it is not a file (a glob pattern: when it matches no file)."""
+    if glob.has_magic(path):
+        if not any(Path(match).is_file() for match in glob.glob(path, recursive=True)):
+            raise DataError(f"data files {path!r}: the pattern matches no file")
+        return
+    file = Path(path).expanduser()
+    if file.is_file():
+        return
+    if file.exists():
+        raise DataError(f"data file {path!r}: a directory, not a file")
+    raise DataError(f"data file {path!r}: no such file{_closest_file(file)}")
+
+
+def _closest_file(file: Path) -> str:
+    if not file.parent.is_dir():
+        return f" ({file.parent} does not exist either)"
+    siblings = [entry.name for entry in file.parent.iterdir() if entry.is_file()]
+    close = difflib.get_close_matches(file.name, siblings, n=1)
+    return f" (did you mean {str(file.parent / close[0])!r}?)" if close else ""
 
 
 def require_fields(dataset, fields, source: str) -> None:

@@ -70,9 +70,11 @@ def test_a_bad_data_path_is_reported_in_the_data_prep_notebook(repo_root, tmp_pa
     with pytest.raises(NotebookRunFailed) as error:
         smoke(flags=[("data_path", "data/missing.jsonl")], device="cpu", timeout=900, runs_root=tmp_path)
     failure = error.value
-    # The source cell is `from datasets import load_dataset`, a blank line, then the failing call;
-    # the generated script wrapped it in `with ddp.main_process_first():`.
-    assert failure.notebook == "notebooks/01_data_prep.ipynb" and failure.message.startswith("FileNotFoundError")
+    # The source cell imports, leaves a blank line, then checks the path; the generated script wrapped the
+    # cell in `with ddp.main_process_first():`, so the line numbers differ there.
+    assert failure.notebook == "notebooks/01_data_prep.ipynb"
+    assert failure.message == "DataError: data file 'data/missing.jsonl': no such file"
+    assert failure.exit_status == 2  # nbddp's own bad-input error, raised in a cell: still bad input
     notebook = nbformat.read(repo_root / failure.notebook, as_version=4)
     failing_line = notebook.cells[failure.cell - 1].source.splitlines()[failure.line - 1]
-    assert "load_dataset(" in failing_line and "data_path" in failing_line
+    assert failing_line == "require_file(data_path)"

@@ -1,10 +1,11 @@
-"""require_fields: a dataset row that lacks a field the formatting needs is named by file and row."""
+"""require_file and require_fields: a data path that is no file, and a dataset row that lacks a field the formatting
+needs, are named by file (and row)."""
 import json
 
 import pytest
 
 from nbddp.errors import DataError, NbddpError
-from nbddp.runtime.data import require_fields
+from nbddp.runtime.data import require_fields, require_file
 
 FIELDS = ["instruction", "input", "output"]
 
@@ -46,3 +47,33 @@ def test_rows_are_counted_in_the_dataset_as_given(tmp_path):
     dataset = load_rows(tmp_path, [row(), row(None), row()]).select([2, 0, 1])
     with pytest.raises(DataError, match="data/x.jsonl row 3: missing"):
         require_fields(dataset, FIELDS, "data/x.jsonl")
+
+
+def test_an_existing_file_or_a_pattern_that_matches_one_passes(tmp_path):
+    (tmp_path / "rows.jsonl").write_text("{}\n")
+    require_file(str(tmp_path / "rows.jsonl"))
+    require_file(str(tmp_path / "*.jsonl"))
+
+
+def test_a_missing_file_is_named_with_its_nearest_sibling(tmp_path):
+    (tmp_path / "tiny_instructions.jsonl").write_text("{}\n")
+    with pytest.raises(DataError) as raised:
+        require_file(str(tmp_path / "tiny_instruction.jsonl"))
+    assert str(raised.value) == (f"data file {str(tmp_path / 'tiny_instruction.jsonl')!r}: no such file "
+                                 f"(did you mean {str(tmp_path / 'tiny_instructions.jsonl')!r}?)")
+    assert raised.value.exit_status == 2
+
+
+@pytest.mark.parametrize("path, message", [
+    ("nowhere/rows.jsonl", "data file 'nowhere/rows.jsonl': no such file (nowhere does not exist either)"),
+    (".", "data file '.': a directory, not a file"),
+])
+def test_a_path_that_is_no_file(tmp_path, monkeypatch, path, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        require_file(path)
+
+
+def test_a_pattern_that_matches_nothing(tmp_path):
+    with pytest.raises(DataError, match="the pattern matches no file"):
+        require_file(str(tmp_path / "*.jsonl"))
