@@ -19,7 +19,8 @@ def write_kernelspec(data_dir):
     spec_dir = Path(data_dir) / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True, exist_ok=True)
     spec = {
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # ERROR: ipykernel warns on every start that its TCP sockets (on 127.0.0.1, HMAC-signed) are not encrypted.
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}", "--IPKernelApp.log_level=ERROR"],
         "display_name": f"Python 3 ({sys.executable})",
         "language": "python",
     }

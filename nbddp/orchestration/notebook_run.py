@@ -5,7 +5,6 @@ path change for the child only. Its executed notebook is the record: a failure i
 it (cell_failure) and reported at the source notebook cell and line (sourcemap).
 """
 
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,12 +17,13 @@ import yaml
 
 from nbddp import errors
 from nbddp.errors import NotebookError
-from nbddp.orchestration import cell_failure, environment, files, kernel
+from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr
 from nbddp.orchestration.sourcemap import SourceMap
 
 # The kernelspec the generated script declares (docs/design.md); a script without one gets it.
 PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}
 DEAD_KERNEL_STATUS = 138  # papermill's exit status when the kernel died
+PAPERMILL_LOG = "papermill.stderr.log"
 # What the runtime raises for bad input (require_fields, require_model, output_dir): in a cell, still bad input.
 BAD_INPUT_ERRORS = frozenset(name for name, value in vars(errors).items()
                              if isinstance(value, type) and issubclass(value, errors.NbddpError))
@@ -53,8 +53,8 @@ def to_notebook(script):
 def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, timeout=None, progress=True):
     """Execute `notebook` (converted from `script`) with `parameters` injected; results in `out_dir`.
 
-    Writes `<stem>.ipynb` (executed), `<stem>.html`, and the cells' stdout/stderr logs. Raises
-    NotebookRunFailed naming the source notebook, cell and line when a cell fails.
+    Writes `<stem>.ipynb` (executed), `<stem>.html`, the cells' stdout/stderr logs and papermill's own stderr
+    (`papermill.stderr.log`). Raises NotebookRunFailed naming the source notebook, cell and line when a cell fails.
     """
     out_dir = Path(out_dir)
     stem = Path(script).stem
@@ -65,10 +65,12 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
         env = environment.child_environment(cuda_visible_devices, kernel.write_kernelspec(Path(scratch) / "jupyter"))
         command = papermill_command(given, executed, parameters, out_dir, timeout, progress)
         started = time.monotonic()
-        status = subprocess.run(command, env=env, check=False).returncode
+        status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG)
         wall_time_s = time.monotonic() - started
     if not executed.exists():
-        raise NotebookRunFailed(script, f"papermill exited with status {status} before running any cell")
+        log = out_dir / PAPERMILL_LOG
+        raise NotebookRunFailed(script, f"papermill exited with status {status} before running any cell"
+                                        f"{_last_line(log)}", hint=f"papermill's output: {log}")
     render_html(executed, html)
     if status != 0:
         raise _located_failure(script, executed, status, timeout)
@@ -99,14 +101,21 @@ def render_html(executed, html):
 def _located_failure(script, executed, status, timeout):
     notebook = nbformat.read(executed, as_version=4)
     failure = cell_failure.find_failure(notebook) or cell_failure.last_started_cell(notebook)
-    hint = f"executed notebook: {executed}"
+    log = executed.parent / PAPERMILL_LOG
+    hint = f"executed notebook: {executed}; papermill's output: {log}"
     if failure is None:
-        return NotebookRunFailed(script, f"papermill exited with status {status}", hint=hint)
+        return NotebookRunFailed(script, f"papermill exited with status {status}{_last_line(log)}", hint=hint)
     where = SourceMap.for_script(script).locate(failure.cell_index, failure.line)
     failed = NotebookRunFailed(where.notebook, _describe(failure, status, timeout), where.cell, where.line, hint)
     if failure.ename in BAD_INPUT_ERRORS:
         failed.exit_status = errors.NbddpError.exit_status
     return failed
+
+
+def _last_line(log) -> str:
+    """': <the log's last non-blank line>' (for papermill, the exception it ended with), or ''."""
+    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    return f": {lines[-1]}" if lines else ""
 
 
 def _describe(failure, status, timeout):

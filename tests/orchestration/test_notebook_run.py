@@ -60,3 +60,23 @@ def test_bad_input_raised_in_a_cell_exits_2(workdir):
     with pytest.raises(NotebookRunFailed, match='DataError: data/x.jsonl row 17: missing "output"') as error:
         run_notebook(to_notebook(script), script, {}, workdir, "", timeout=60, progress=False)
     assert (error.value.cell, error.value.line, error.value.exit_status) == (2, 2, 2)
+
+
+@pytest.mark.e2e
+def test_a_failing_cell_keeps_papermills_traceback_off_the_console_and_in_its_log(workdir, capfd):
+    script = workdir / "fails.py"
+    script.write_text('# %% tags=["parameters"]\nrows = 1\n\n# %%\nraise ValueError("boom")\n')
+    with pytest.raises(NotebookRunFailed, match="ValueError: boom") as error:
+        run_notebook(to_notebook(script), script, {}, workdir, "", timeout=60, progress=False)
+    assert "Traceback" not in capfd.readouterr().err
+    log = workdir / notebook_run.PAPERMILL_LOG
+    assert str(log) in error.value.hint
+    assert "PapermillExecutionError" in log.read_text() and "ValueError: boom" in log.read_text()
+
+
+@pytest.mark.e2e
+def test_papermill_failing_outside_any_cell_says_why(workdir):
+    notebook = to_notebook(workdir / "train_fixture.py")
+    notebook.metadata.kernelspec = {"name": "nosuchkernel", "display_name": "x", "language": "python"}
+    with pytest.raises(NotebookRunFailed, match="papermill exited with status 1: .*No such kernel named nosuchkernel"):
+        run_notebook(notebook, workdir / "train_fixture.py", {}, workdir, "", timeout=60, progress=False)

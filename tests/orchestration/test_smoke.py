@@ -46,8 +46,9 @@ def test_a_failing_cell_is_reported_at_its_source_notebook_line(workdir):
     assert (failure.notebook, failure.cell, failure.line) == ("notebooks/01_prep.ipynb", 5, 4)
     assert failure.message == "IndexError: list index out of range"
     assert failure.exit_status == 1
-    executed = failure.hint.removeprefix("executed notebook: ")
+    executed, log = failure.hint.removeprefix("executed notebook: ").split("; papermill's output: ")
     assert executed.endswith("train_failing.ipynb") and (workdir / executed).exists()
+    assert "IndexError" in (workdir / log).read_text()
 
 
 def test_bad_parameters_stop_before_any_run(workdir):

@@ -1,0 +1,71 @@
+"""Run papermill with its stderr shown as it comes (the progress bar), up to its own traceback, and kept whole
+in a log file.
+
+When a cell fails, papermill ends with a traceback of its own command line (click's frames), then
+`PapermillExecutionError` and every frame of the cell's exception, often a hundred lines of library
+internals, all before nbddp's report, which names the source notebook cell and line. The console gets
+what comes before that traceback; the log file (named in the report) and the executed notebook keep it.
+"""
+
+import codecs
+import subprocess
+import sys
+
+TRACEBACK_START = "Traceback (most recent call last):"
+
+
+def run(command, env, log_path) -> int:
+    """Run `command`, echo its stderr up to the first traceback, write all of it to `log_path`; its exit status."""
+    with open(log_path, "w", encoding="utf-8") as log, subprocess.Popen(command, env=env, stderr=subprocess.PIPE) as process:
+        console = _UntilTraceback(sys.stderr)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        try:
+            for chunk in iter(lambda: process.stderr.read1(1 << 16), b""):
+                text = decoder.decode(chunk)
+                log.write(text)
+                console.write(text)
+            console.close()
+            return process.wait()
+        except KeyboardInterrupt:
+            # The terminal sent SIGINT to papermill too; let it stop its kernel before we exit.
+            return process.wait()
+
+
+class _UntilTraceback:
+    """Passes text on to `stream` until a line starts a traceback; holds back a tail that may be its beginning."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.pending = ""
+        self.stopped = False
+
+    def write(self, text):
+        if self.stopped:
+            return
+        self.pending += text
+        start = self.pending.find(TRACEBACK_START)
+        if start >= 0:
+            self._emit(self.pending[:start])
+            self.pending, self.stopped = "", True
+            return
+        held = _longest_prefix_suffix(self.pending, TRACEBACK_START)
+        self._emit(self.pending[:len(self.pending) - held])
+        self.pending = self.pending[len(self.pending) - held:]
+
+    def close(self):
+        if not self.stopped:
+            self._emit(self.pending)
+            self.pending = ""
+
+    def _emit(self, text):
+        if text:
+            self.stream.write(text)
+            self.stream.flush()
+
+
+def _longest_prefix_suffix(text, marker) -> int:
+    """The length of the longest end of `text` that is a beginning of `marker` (0 when none)."""
+    for length in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-length:]):
+            return length
+    return 0
