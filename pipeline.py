@@ -107,6 +107,11 @@ def add_smoke_command(subcommands) -> None:
         "smoke",
         help="run the generated script once as a notebook (papermill), a few steps on one device",
         description="Smoke-run the generated script through papermill; results in runs/<UTC time>-smoke/.",
+        epilog="The run directory holds train.ipynb (the executed notebook, outputs included; named after the "
+               "script), train.html, "
+               "params.json (the injected parameters), metrics.jsonl, cells.stdout.log / cells.stderr.log (what "
+               "the cells printed) and papermill.stderr.log. A failing cell is reported at its source notebook, "
+               "cell and line; exit status 1, or 2 for bad input nbddp caught (a missing data file, say).",
     )
     add_script_option(command)
     add_parameter_options(command)
