@@ -1,6 +1,7 @@
 """Markdown tables and the scaling plot from bench/results/*.json (what docs/performance.md shows).
 
-    python -m bench.report --results bench/results --plot bench/results/scaling.png > /tmp/tables.md
+    python -m bench.report --results bench/results --plot bench/results/scaling.png \
+        --step-plots bench/results/steps > /tmp/tables.md
 
 Four GPUs were not lent when these results were taken; the plot's 4-GPU point is a projection from
 the 2-GPU efficiency under one stated model: the per-step DDP overhead at N GPUs is all-reduce
@@ -137,15 +138,48 @@ def plot(points, path, others=()):
     plt.close(figure)
 
 
+def step_time_plot(result, path):
+    """Device step time of every trial of one experiment, step by step (warm-up shaded): where a trial slowed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    calls = result.get("calls") or [result["environment"]]
+    figure, axis = plt.subplots(figsize=(7.2, 4.2))
+    for trial in result["trials"]:
+        if trial["status"] != "ok":
+            continue
+        started = calls[trial.get("call", 0)]["date_utc"][11:16]  # which device call: its start, HH:MM UTC
+        axis.plot(range(1, len(trial["step_ms_all"]) + 1), trial["step_ms_all"], lw=1,
+                  label=f"{trial['label']} (call at {started}, round {trial['round'] + 1})")
+    axis.axvspan(0.5, result["setup"]["warmup_steps"] + 0.5, color="grey", alpha=0.15, lw=0)
+    steady = [ms for t in result["trials"] if t["status"] == "ok" for ms in t["step_ms_all"][result["setup"]["warmup_steps"]:]]
+    axis.set_ylim(0.9 * min(steady), 1.15 * max(steady))  # warm-up steps (compilation) run off the top
+    axis.set_xlabel("step (shaded: warm-up, not timed)")
+    axis.set_ylabel("device step time, ms")
+    axis.set_title(f"{result['experiment']}: step times of every trial")
+    axis.legend(fontsize=6, ncol=2)
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("bench/results"))
     parser.add_argument("--plot", type=Path, help="write the scaling plot (PNG) here")
+    parser.add_argument("--step-plots", type=Path, help="write <experiment>_steps.png (step times per trial) here")
     args = parser.parse_args()
     results = load(args.results)
     print(markdown(results))
     if args.plot:
         plot(scaling_points(results), args.plot, other_two_gpu_points(results))
+    if args.step_plots:
+        args.step_plots.mkdir(parents=True, exist_ok=True)
+        for name, result in results.items():
+            step_time_plot(result, args.step_plots / f"{name}_steps.png")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bench.report import load, markdown, other_two_gpu_points, plot, projected_efficiency, scaling_points
+from bench.report import load, markdown, other_two_gpu_points, plot, projected_efficiency, scaling_points, step_time_plot
 
 
 def result(one=40_000.0, two=76_000.0):
@@ -38,3 +38,14 @@ def test_markdown_and_plot_from_results_files(tmp_path):
     assert other_two_gpu_points(results) == []  # the only 2-GPU variant is the scaled one
     plot(points, tmp_path / "scaling.png", [("reference", 80_000.0)])
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_step_time_plot_of_a_merged_experiment(tmp_path):
+    toy = result()
+    for index, trial in enumerate(toy["trials"]):
+        trial.update({"step_ms_all": [900.0, 300.0, 200.0, 210.0], "round": 0, "call": index})
+    toy.update({"experiment": "toy", "calls": [{"date_utc": "2026-11-29T23:46:34+00:00"},
+                                               {"date_utc": "2026-11-29T23:55:17+00:00"}]})
+    toy["setup"]["warmup_steps"] = 2
+    step_time_plot(toy, tmp_path / "toy_steps.png")
+    assert (tmp_path / "toy_steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
