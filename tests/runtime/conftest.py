@@ -45,3 +45,13 @@ def tiny_model_path(tiny_llama_dir, model_cache):
     from nbddp.runtime.tiny_model import ensure_weights
 
     return ensure_weights(str(tiny_llama_dir))
+
+
+@pytest.fixture
+def trl_unpatched_after(monkeypatch):
+    """TRL's SFTTrainer and SFTConfig as they are now, put back after the test: the hf backend patches both
+    (nbddp/runtime/trl_compat.py), and a later test must meet TRL's own classes."""
+    from trl import SFTConfig, SFTTrainer
+
+    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
+    monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)

@@ -52,10 +52,7 @@ def test_unknown_backend(machine):
         backends.choose("vllm")
 
 
-def test_hf_installs_the_fallback_as_unsloth(monkeypatch):
-    from trl import SFTTrainer
-
-    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)  # restored after the test
+def test_hf_installs_the_fallback_as_unsloth(monkeypatch, trl_unpatched_after):
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")

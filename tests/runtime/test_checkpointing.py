@@ -224,9 +224,8 @@ def test_a_trainer_without_a_choice_is_left_alone(patched_trainer, tiny_model, t
 
 
 @pytest.mark.parametrize("backend", ["hf", "unsloth"])
-def test_both_backends_patch_the_trainer(backend, monkeypatch):
+def test_both_backends_patch_the_trainer(backend, monkeypatch, trl_unpatched_after):
     from transformers import Trainer
-    from trl import SFTTrainer
 
     from nbddp.runtime import backends
 
@@ -234,7 +233,6 @@ def test_both_backends_patch_the_trainer(backend, monkeypatch):
     unpatched = init.__wrapped__ if getattr(init, "nbddp_checks_checkpointing", False) else init
     monkeypatch.setattr(Trainer, "__init__", unpatched)  # restored after the test, like the others
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
-    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     if backend == "unsloth":
         monkeypatch.setitem(sys.modules, "unsloth", types.ModuleType("unsloth"))

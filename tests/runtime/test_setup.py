@@ -15,17 +15,14 @@ from nbddp.runtime.context import DistributedContext
 
 
 @pytest.fixture
-def cpu_script_mode(monkeypatch):
+def cpu_script_mode(monkeypatch, trl_unpatched_after):
     """One CPU process run as a script; what setup changes in this interpreter is undone afterwards."""
-    from trl import SFTTrainer
-
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
-    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)  # the hf backend patches it
     had_display = builtins.__dict__.pop("display", None)  # a script has none
     yield
     builtins.__dict__.pop("display", None)

@@ -82,21 +82,17 @@ def test_patching_twice_wraps_once(trainer_class):
 
 
 @pytest.fixture
-def hf_backend_active(monkeypatch):
+def hf_backend_active(monkeypatch, trl_unpatched_after):
     """`backends.activate("hf")` as `setup` runs it; the real SFTTrainer and SFTConfig are restored afterwards."""
-    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
-    monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")
 
 
-def test_only_the_hf_backend_patches_trl(monkeypatch):
+def test_only_the_hf_backend_patches_trl(monkeypatch, trl_unpatched_after):
     from transformers import Trainer
 
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
-    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
-    monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
     monkeypatch.setitem(sys.modules, "unsloth", type(sys)("unsloth"))  # a stand-in for the real Unsloth
     backends.activate("unsloth")
     assert not getattr(SFTTrainer.__init__, "nbddp_takes_unsloth_arguments", False)
