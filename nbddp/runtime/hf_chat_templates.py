@@ -15,9 +15,28 @@ are dropped, since their loss would be 0/0. TRL's collator pads a `labels` colum
 Not carried over from Unsloth, which would make this a port rather than a fallback: reading the markers from the chat
 template when none are given, the fuzzy matching of `force_match=False` (newline and space variants of the markers),
 datasets that the trainer left untokenized, and vision collators. `get_chat_template` (Unsloth's table of chat
-templates) is not here either: set `tokenizer.chat_template` instead.
+templates, with its token remapping) and the dataset converters are not here either; importing one is bad input
+that says what to do instead (set `tokenizer.chat_template`, or use the unsloth backend on a GPU).
 """
 import warnings
+
+from nbddp.errors import UsageError
+
+# The rest of `unsloth.chat_templates`' public names.
+UNSLOTH_ONLY = ("get_chat_template", "standardize_sharegpt", "standardize_data_formats", "to_sharegpt",
+                "apply_chat_template", "remove_special_tokens", "test_chat_templates", "test_hf_gguf_equivalence",
+                "test_construct_chat_template")
+
+
+def __getattr__(name):
+    # `from unsloth.chat_templates import get_chat_template` ends here (PEP 562); an error other than
+    # AttributeError reaches the user as it is, instead of Python's bare "cannot import name".
+    if name in UNSLOTH_ONLY:
+        raise UsageError(
+            f"unsloth.chat_templates.{name} is Unsloth's; nbddp's Transformers+PEFT fallback (--backend hf) has only "
+            "train_on_responses_only. Set tokenizer.chat_template to the template's Jinja text (a model's tokenizer "
+            "may already have one), or run on a GPU with Unsloth installed (--backend unsloth)")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 IGNORE_INDEX = -100  # the label that cross-entropy skips
 

@@ -103,3 +103,12 @@ def test_return_function_gives_the_batch_function(trainer):
     ids = tokenizer("ran far the cat sat on the mat", add_special_tokens=False)["input_ids"]
     (labels,) = add_labels({"input_ids": [ids]})["labels"]
     assert tokenizer.convert_ids_to_tokens([label for label in labels if label != IGNORE_INDEX]) == ["the", "mat"]
+
+
+def test_unsloths_other_chat_template_helpers_are_bad_input_that_says_what_to_do(hf_backend_active):
+    from nbddp.errors import UsageError
+
+    with pytest.raises(UsageError, match="unsloth.chat_templates.get_chat_template is Unsloth's; .*tokenizer.chat_template"):
+        from unsloth.chat_templates import get_chat_template  # noqa: F401
+    with pytest.raises(ImportError, match="cannot import name 'no_such_helper'"):
+        from unsloth.chat_templates import no_such_helper  # noqa: F401
