@@ -124,6 +124,20 @@ EXPERIMENTS = {
             comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "reference_2gpu")),
         ),
         Experiment(
+            name="scaling_8b_4gpu",
+            description="DDP scaling of the generated script over 1, 2 and 4 GPUs (same per-GPU batch) and the "
+                        "generated script vs the reference at 4 GPUs; Unsloth bf16 LoRA, 8B, checkpointing off. "
+                        "Needs a 4-GPU machine (nvidia-h200-x4).",
+            shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8,
+            variants={"generated_1gpu": Variant("generated", 1, UNSLOTH_BF16),
+                      "generated_2gpu": Variant("generated", 2, UNSLOTH_BF16),
+                      "generated_4gpu": Variant("generated", 4, UNSLOTH_BF16),
+                      "reference_4gpu": Variant("reference", 4, REFERENCE_BF16_OFF)},
+            order=("generated_1gpu", "generated_4gpu", "reference_4gpu", "generated_2gpu"), rounds=2,
+            comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_4gpu", "generated_1gpu"),
+                         ("generated_4gpu", "reference_4gpu")),
+        ),
+        Experiment(
             name="recheck_8b",
             description="A second generated vs hand-written pair at 2 GPUs (reference first this time), Unsloth "
                         "bf16 LoRA, 8B, more timed steps: scaling_8b's one pair fell short of the target.",

@@ -114,6 +114,13 @@ def environment(gpu_memory):
     }
 
 
+def too_few_gpus(chosen, available):
+    """Which experiments need more GPUs than `available`, as a sentence; empty when all fit."""
+    needs = {e.name: max(v.gpus for v in e.variants.values()) for e in chosen}
+    short = [f"{name} needs {gpus}" for name, gpus in needs.items() if gpus > available]
+    return ", ".join(short)
+
+
 def gpu_memory_gib():
     out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
                          capture_output=True, text=True, check=True).stdout.split()
@@ -379,6 +386,9 @@ def main():
     # Trial folders of an earlier call on the same machine would be read as this call's (same names).
     shutil.rmtree(args.work / "trials", ignore_errors=True)
     memory = gpu_memory_gib()
+    short = too_few_gpus(chosen, len(memory))
+    if short:
+        parser.error(f"--experiments: this machine has {len(memory)} GPUs; {short}")
     env_info = environment(memory)
     matmul = matmul_rates()
     print(f"[bench] matmul bf16 TFLOP/s per GPU: {[round(m['median_flops_per_s'] / 1e12) for m in matmul]}",

@@ -3,8 +3,8 @@
     python -m bench.report --results bench/results --plot bench/results/scaling.png \
         --step-plots bench/results/steps > /tmp/tables.md
 
-Four GPUs were not lent when these results were taken; the plot's 4-GPU point is a projection from
-the 2-GPU efficiency under one stated model: the per-step DDP overhead at N GPUs is all-reduce
+Where an experiment has no 4-GPU measurement, the plot projects one from the 2-GPU efficiency under
+one stated model: the per-step DDP overhead at N GPUs is all-reduce
 traffic, whose bytes per GPU grow as 2(N-1)/N (ring), so overhead(4) = 1.5 * overhead(2) and
 efficiency(4) = 1 / (1 + 1.5 * (1/efficiency(2) - 1)).
 """
@@ -80,33 +80,37 @@ def markdown(results):
 
 
 def scaling_points(results):
-    """(name, tok/s at 1 GPU, tok/s at 2 GPUs, efficiency) for every experiment that compares 2 GPUs with 1."""
+    """(name, {GPUs: tok/s}, {GPUs: efficiency}) for every 1-GPU variant that an experiment compares with more
+    GPUs: medians of the variants' trials, and the median of the per-round efficiencies (as the tables give it)."""
     points = []
     for name, result in results.items():
         variants = result["summary"]["variants"]
+        gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
+        series = {}
         for c in result["summary"]["comparisons"]:
-            one, two = variants.get(c["denominator"]), variants.get(c["numerator"])
-            if not one or not two or c["tokens_per_s_per_gpu"]["median"] is None:
-                continue
-            gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
-            if gpus.get(c["denominator"]) == 1 and gpus.get(c["numerator"]) == 2:
-                points.append((f"{name}: {c['numerator']}", one["tokens_per_s_median"], two["tokens_per_s_median"],
-                               c["tokens_per_s_per_gpu"]["median"]))
+            base, scaled = c["denominator"], c["numerator"]
+            if gpus.get(base) == 1 and gpus.get(scaled, 1) > 1 and base in variants and scaled in variants:
+                by_gpus, efficiency = series.setdefault(base, ({1: variants[base]["tokens_per_s_median"]}, {}))
+                by_gpus[gpus[scaled]] = variants[scaled]["tokens_per_s_median"]
+                efficiency[gpus[scaled]] = c["tokens_per_s_per_gpu"]["median"]
+        points += [(f"{name}: {base} scaled", by_gpus, efficiency) for base, (by_gpus, efficiency) in series.items()]
     return points
 
 
-def other_two_gpu_points(results):
-    """(name, tok/s) of 2-GPU variants in a scaling experiment that are not its scaled variant (the reference)."""
+def other_points(results):
+    """(name, GPUs, tok/s) of the multi-GPU variants of a scaling experiment that are not scaled from its 1-GPU
+    variant (the hand-written reference)."""
     points = []
     for name, result in results.items():
-        scaled = {c["numerator"] for c in result["summary"]["comparisons"]}
         gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
-        if not any(gpus.get(c["denominator"]) == 1 and gpus.get(c["numerator"]) == 2
-                   for c in result["summary"]["comparisons"]):
+        comparisons = result["summary"]["comparisons"]
+        bases = {c["denominator"] for c in comparisons if gpus.get(c["denominator"]) == 1}
+        scaled = {c["numerator"] for c in comparisons if c["denominator"] in bases}
+        if not bases:
             continue
         for label, summary in result["summary"]["variants"].items():
-            if gpus.get(label) == 2 and label not in scaled:
-                points.append((f"{name}: {label}", summary["tokens_per_s_median"]))
+            if gpus.get(label, 1) > 1 and label not in scaled:
+                points.append((f"{name}: {label}", gpus[label], summary["tokens_per_s_median"]))
     return points
 
 
@@ -117,17 +121,21 @@ def plot(points, path, others=()):
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for index, (name, one, two, efficiency) in enumerate(points):
-        four = 4 * one * projected_efficiency(efficiency)
-        line, = axis.plot([1, 2], [one, two], "o-", label=f"{name} (eff. {efficiency:.2f})")
-        axis.plot([2, 4], [two, four], "o--", color=line.get_color(), alpha=0.6)
-        axis.plot([1, 2, 4], [one, 2 * one, 4 * one], ":", color=line.get_color(), alpha=0.4)
-        axis.annotate(f"4 GPUs projected\n(eff. {projected_efficiency(efficiency):.2f})", (4, four),
-                      textcoords="offset points", xytext=(-90, -25 - 22 * index), fontsize=7,
-                      color=line.get_color())
-    for name, tokens_per_s in others:
-        axis.plot([2], [tokens_per_s], "x", markersize=9, label=name)
-    axis.set_xticks([1, 2, 4])
+    for index, (name, by_gpus, efficiencies) in enumerate(points):
+        counts = sorted(by_gpus)
+        one, most = by_gpus[1], counts[-1]
+        efficiency = efficiencies[most]
+        line, = axis.plot(counts, [by_gpus[n] for n in counts], "o-", label=f"{name} (eff. {efficiency:.2f} at {most})")
+        axis.plot([1, max(most, 4)], [one, max(most, 4) * one], ":", color=line.get_color(), alpha=0.4)
+        if most == 2:  # no 4-GPU measurement: project one
+            four = 4 * one * projected_efficiency(efficiency)
+            axis.plot([2, 4], [by_gpus[2], four], "o--", color=line.get_color(), alpha=0.6)
+            axis.annotate(f"4 GPUs projected\n(eff. {projected_efficiency(efficiency):.2f})", (4, four),
+                          textcoords="offset points", xytext=(-90, -25 - 22 * index), fontsize=7,
+                          color=line.get_color())
+    for name, gpus, tokens_per_s in others:
+        axis.plot([gpus], [tokens_per_s], "x", markersize=9, label=name)
+    axis.set_xticks([1, 2, 4] + sorted({n for _, by_gpus, _ in points for n in by_gpus if n > 4}))
     axis.set_xlabel("GPUs (H200, same per-GPU batch); dotted: ideal, dashed: projection")
     axis.set_ylabel("tokens/s (median over steady-state steps)")
     axis.set_title("DDP scaling of the generated script")
@@ -175,7 +183,7 @@ def main():
     results = load(args.results)
     print(markdown(results))
     if args.plot:
-        plot(scaling_points(results), args.plot, other_two_gpu_points(results))
+        plot(scaling_points(results), args.plot, other_points(results))
     if args.step_plots:
         args.step_plots.mkdir(parents=True, exist_ok=True)
         for name, result in results.items():

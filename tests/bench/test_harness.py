@@ -3,7 +3,7 @@ import json
 import pytest
 
 from bench import experiments as plan
-from bench.harness import keep_in_logs, script_flags, summarize_experiment, summarize_trial
+from bench.harness import keep_in_logs, script_flags, summarize_experiment, summarize_trial, too_few_gpus
 
 EXPERIMENT = plan.Experiment(
     name="toy", description="", shape="llama-1.1b", micro_batch=4, steps=6, warmup_steps=2,
@@ -138,3 +138,9 @@ def test_runner_skips_a_trial_that_cannot_finish_before_the_deadline(tmp_path):
     runner = harness.Runner(tmp_path, tmp_path, time.time() + 5, {}, "", [], {"gpu_memory_gib": [139.0]})
     runner.run_batch(EXPERIMENT, 0, [("one", (0,))])  # the first 1.1B trial is expected to take far longer
     assert runner.trials == {}
+
+
+def test_experiments_that_need_more_gpus_than_the_machine_has_are_named():
+    chosen = [plan.EXPERIMENTS["scaling_8b"], plan.EXPERIMENTS["scaling_8b_4gpu"]]
+    assert too_few_gpus(chosen, 4) == ""
+    assert too_few_gpus(chosen, 2) == "scaling_8b_4gpu needs 4"

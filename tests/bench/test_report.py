@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from bench.report import load, markdown, other_two_gpu_points, plot, projected_efficiency, scaling_points, step_time_plot
+from bench.report import load, markdown, other_points, plot, projected_efficiency, scaling_points, step_time_plot
 
 
 def result(one=40_000.0, two=76_000.0):
@@ -34,9 +34,9 @@ def test_markdown_and_plot_from_results_files(tmp_path):
     assert "| g2 / g1 | 1.900 | 1.900 | 0.950 | 1.000 |" in text
     assert "| g1 | 1 | auto -> off | 1 |" in text and "| g2 | 2 | auto -> on | 1 |" in text
     points = scaling_points(results)
-    assert points == [("scaling_toy: g2", 40_000.0, 76_000.0, pytest.approx(0.95))]
-    assert other_two_gpu_points(results) == []  # the only 2-GPU variant is the scaled one
-    plot(points, tmp_path / "scaling.png", [("reference", 80_000.0)])
+    assert points == [("scaling_toy: g1 scaled", {1: 40_000.0, 2: 76_000.0}, {2: pytest.approx(0.95)})]
+    assert other_points(results) == []  # the only 2-GPU variant is the scaled one
+    plot(points, tmp_path / "scaling.png", [("reference", 2, 80_000.0)])
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -49,3 +49,16 @@ def test_step_time_plot_of_a_merged_experiment(tmp_path):
     toy["setup"]["warmup_steps"] = 2
     step_time_plot(toy, tmp_path / "toy_steps.png")
     assert (tmp_path / "toy_steps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_four_gpu_experiment_plots_its_measurements_and_its_reference():
+    toy = result()
+    toy["trials"] += [{"label": "g4", "world_size": 4, "status": "ok"}, {"label": "ref4", "world_size": 4, "status": "ok"}]
+    toy["summary"]["variants"].update({label: {"tokens_per_s_median": tps} for label, tps in
+                                       (("g4", 150_000.0), ("ref4", 152_000.0))})
+    toy["summary"]["comparisons"] += [{"numerator": "g4", "denominator": "g1", "tokens_per_s_per_gpu": {"median": 0.93}},
+                                      {"numerator": "g4", "denominator": "ref4"}]
+    results = {"scaling_4": toy}
+    assert scaling_points(results) == [("scaling_4: g1 scaled", {1: 40_000.0, 2: 76_000.0, 4: 150_000.0},
+                                        {2: pytest.approx(0.95), 4: 0.93})]
+    assert other_points(results) == [("scaling_4: ref4", 4, 152_000.0)]
