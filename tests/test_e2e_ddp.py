@@ -45,6 +45,12 @@ def step_records(output_dir):
     return [record for record in records if "event" not in record]
 
 
+def eval_losses(output_dir):
+    """{step: held-out loss} from a run's metrics.jsonl (the last evaluation at a step, when there are two)."""
+    records = map(json.loads, (Path(output_dir) / "metrics.jsonl").read_text().splitlines())
+    return {record["step"]: record["eval_loss"] for record in records if record.get("event") == "eval"}
+
+
 def losses(output_dir):
     """{step: training loss} from a run's metrics.jsonl."""
     return {record["step"]: record["loss"] for record in step_records(output_dir)}
@@ -121,6 +127,12 @@ def test_two_processes_log_the_losses_of_one_process_accumulating_two_batches(ex
     assert len(set(one.values())) == 4  # the steps saw different batches (and updated weights)
     for step in one:
         assert two[step] == pytest.approx(one[step], abs=1e-5), f"step {step}: 1 process {one[step]}, 2: {two[step]}"
+    # The held-out loss too, before and after training (16 held-out rows: two evaluation batches, which
+    # Transformers alone normalises across ranks together, 6.40911 against 6.40937 before training).
+    evals_one, evals_two = eval_losses(tmp_path / "one"), eval_losses(tmp_path / "two")
+    assert sorted(evals_one) == sorted(evals_two) == [0, 4]
+    for step in evals_one:
+        assert evals_two[step] == pytest.approx(evals_one[step], abs=1e-6), f"eval at {step}: {evals_one} vs {evals_two}"
     # metrics.jsonl counts the tokens of the global batch: rank 0 alone would count half of them
     tokens_one = [record["tokens"] for record in step_records(tmp_path / "one")]
     assert [record["tokens"] for record in step_records(tmp_path / "two")] == tokens_one

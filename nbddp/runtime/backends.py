@@ -46,7 +46,7 @@ def activate(backend: str) -> None:
 
         patch_sft_trainer(SFTTrainer, SFTConfig)
         patch_sft_config(SFTConfig)
-        _patch_trainer_for_checkpointing()
+        _patch_trainer()
         return
     # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank
     # imports it: once the process group exists, Unsloth's compiler lets global rank 0 write
@@ -59,14 +59,18 @@ def activate(backend: str) -> None:
     from nbddp.runtime.trainer_patches import patch_compute_loss
 
     patch_compute_loss(Trainer)
-    _patch_trainer_for_checkpointing()
+    _patch_trainer()
 
 
-def _patch_trainer_for_checkpointing() -> None:
-    """Trainers honour and check the gradient checkpointing the notebook chose (see `checkpointing`)."""
+def _patch_trainer() -> None:
+    """Trainers honour and check the gradient checkpointing the notebook chose (see `checkpointing`), and their
+    held-out loss on N processes is one process's (see `eval_loss`)."""
     from transformers import Trainer
 
+    from nbddp.runtime.eval_loss import patch_evaluation_loop
+
     checkpointing.patch_trainer(Trainer)
+    patch_evaluation_loop(Trainer)
 
 
 def _unsloth_installed() -> bool:

@@ -48,10 +48,13 @@ def tiny_model_path(tiny_llama_dir, model_cache):
 
 
 @pytest.fixture
-def trl_unpatched_after(monkeypatch):
-    """TRL's SFTTrainer and SFTConfig as they are now, put back after the test: the hf backend patches both
-    (nbddp/runtime/trl_compat.py), and a later test must meet TRL's own classes."""
+def backend_patches_undone_after(monkeypatch):
+    """TRL's SFTTrainer and SFTConfig, and Trainer's evaluation loop, as they are now, put back after the test:
+    activating a backend patches them (nbddp/runtime/trl_compat.py, eval_loss.py), and a later test must meet
+    the libraries' own classes."""
+    from transformers import Trainer
     from trl import SFTConfig, SFTTrainer
 
     monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
     monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
+    monkeypatch.setattr(Trainer, "evaluation_loop", Trainer.evaluation_loop)

@@ -52,7 +52,7 @@ def test_unknown_backend(machine):
         backends.choose("vllm")
 
 
-def test_hf_installs_the_fallback_as_unsloth(monkeypatch, trl_unpatched_after):
+def test_hf_installs_the_fallback_as_unsloth(monkeypatch, backend_patches_undone_after):
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")

@@ -224,7 +224,7 @@ def test_a_trainer_without_a_choice_is_left_alone(patched_trainer, tiny_model, t
 
 
 @pytest.mark.parametrize("backend", ["hf", "unsloth"])
-def test_both_backends_patch_the_trainer(backend, monkeypatch, trl_unpatched_after):
+def test_both_backends_patch_the_trainer(backend, monkeypatch, backend_patches_undone_after):
     from transformers import Trainer
 
     from nbddp.runtime import backends

@@ -32,7 +32,7 @@ def test_a_row_without_a_response_is_all_masked():
 
 
 @pytest.fixture
-def hf_backend_active(monkeypatch, trl_unpatched_after):
+def hf_backend_active(monkeypatch, backend_patches_undone_after):
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")

@@ -15,7 +15,7 @@ from nbddp.runtime.context import DistributedContext
 
 
 @pytest.fixture
-def cpu_script_mode(monkeypatch, trl_unpatched_after):
+def cpu_script_mode(monkeypatch, backend_patches_undone_after):
     """One CPU process run as a script; what setup changes in this interpreter is undone afterwards."""
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)

@@ -82,14 +82,14 @@ def test_patching_twice_wraps_once(trainer_class):
 
 
 @pytest.fixture
-def hf_backend_active(monkeypatch, trl_unpatched_after):
+def hf_backend_active(monkeypatch, backend_patches_undone_after):
     """`backends.activate("hf")` as `setup` runs it; the real SFTTrainer and SFTConfig are restored afterwards."""
     monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     backends.activate("hf")
 
 
-def test_only_the_hf_backend_patches_trl(monkeypatch, trl_unpatched_after):
+def test_only_the_hf_backend_patches_trl(monkeypatch, backend_patches_undone_after):
     from transformers import Trainer
 
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
