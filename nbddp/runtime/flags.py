@@ -1,6 +1,7 @@
 """Command-line overrides for the parameters of a generated script: `--rows 500 --backend hf`.
 
-Each parameter becomes one `--name VALUE` flag whose type is the type of its default. Inside a Jupyter
+Each parameter becomes one `--name VALUE` flag whose type is the type of its default; `--help` shows the
+comment that follows its assignment in the script's parameters cell (the notebook author's words). Inside a Jupyter
 kernel (papermill's smoke run) nothing is parsed: `sys.argv` is the kernel's own there, and papermill
 injects the parameters itself. Either way, once the values are final, a parameter named `output_dir`
 (Trainer's name, which smoke and run set too) is checked before any work (`preflight`).
@@ -8,8 +9,10 @@ injects the parameters itself. Either way, once the values are final, a paramete
 import argparse
 import ast
 import difflib
+import io
 import os
 import sys
+import tokenize
 
 from nbddp.errors import UsageError
 from nbddp.runtime import preflight
@@ -84,18 +87,44 @@ def _build_parser(namespace: dict, defined_in: dict[str, str]) -> argparse.Argum
         formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,  # `--row 5` must be an unknown flag, not a silent `--rows 5`
     )
+    comments = assignment_comments(namespace.get("__file__"), defined_in)
     for name, notebook in defined_in.items():
         default = namespace[name]
         choices = BACKEND_CHOICES if name == "backend" else None
+        origin = f"default: {default!r} (from {notebook})"
         parser.add_argument(
             f"--{name}",
             type=_parser_for(default),
             default=default,
             choices=choices,
             metavar=None if choices else _metavar(default),  # argparse shows the choices instead
-            help=f"default: {default!r} (from {notebook})".replace("%", "%%"),  # argparse %-formats help
+            help=(f"{comments[name]}; {origin}" if name in comments else origin).replace("%", "%%"),  # argparse %-formats help
         )
     return parser
+
+
+def assignment_comments(script, names) -> dict[str, str]:
+    """{name: the comment that ends its line}, for the first top-level statement of each of `names` in `script`
+    (the parameters cell's assignment: it comes first); {} when there is no readable script (a kernel, stdin)."""
+    try:
+        with open(script, encoding="utf-8") as file:
+            source = file.read()
+    except (OSError, TypeError):  # TypeError: no __file__ (None)
+        return {}
+    comments, seen, current = {}, set(), None
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.NAME and token.start[1] == 0:  # a statement at the top level begins
+                current = token.string if token.string in names and token.string not in seen else None
+                seen.add(token.string)
+            elif token.type == tokenize.COMMENT and current is not None:
+                comments[current] = token.string.lstrip("#").strip()
+                current = None
+            elif token.type == tokenize.NEWLINE:
+                current = None
+    except (tokenize.TokenError, SyntaxError):  # not readable as Python: the comments found so far
+        pass
+    return comments
 
 
 def _parser_for(default):

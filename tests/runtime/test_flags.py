@@ -119,6 +119,35 @@ def test_help_shows_how_to_run_and_each_flag(monkeypatch, capsys):
     assert "--unrelated" not in text
 
 
+def test_help_shows_each_parameters_comment_from_the_script(monkeypatch, capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "# %% tags=[\"parameters\"]\n"
+        "rows = 2000  # training rows to use\n"
+        "target_modules = [\"q_proj\",\n"
+        "                  \"v_proj\"]  # LoRA targets: 100% of the attention\n"
+        "packing = False\n"
+        "\n"
+        "# %% 01_data_prep.ipynb cell 3\n"
+        "packing = True  # a later statement is no parameter's help\n"
+        "rows = rows * 2  # nor this\n"
+    )
+    namespace, defined_in = parameters()
+    namespace["__file__"] = str(script)
+    monkeypatch.setattr(sys, "argv", [str(script), "--help"])
+    with pytest.raises(SystemExit):
+        apply_flags(namespace, defined_in)
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--rows INT training rows to use; default: 2000 (from 01_data_prep.ipynb)" in text
+    assert "LoRA targets: 100% of the attention; default: ['q_proj', 'v_proj']" in text
+    assert "--packing {true,false} default: False (from 01_data_prep.ipynb)" in text
+
+
+def test_without_a_readable_script_help_has_no_comments():
+    assert flags.assignment_comments(None, {"rows"}) == {}
+    assert flags.assignment_comments("/nonexistent/train.py", {"rows"}) == {}
+
+
 def test_help_survives_a_percent_sign(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["train.py", "--help"])
     with pytest.raises(SystemExit):
