@@ -13,11 +13,11 @@ A JSON-lines file whose row lacks a key loads with None in that row's column (th
 and a formatting function then fails on it with a TypeError far from the row; a key no row has is no
 column at all, a KeyError inside `dataset.map`.
 """
-import difflib
 import glob
 from pathlib import Path
 
 from nbddp.errors import DataError
+from nbddp.runtime.near_miss import closest_sibling
 
 
 def require_file(path: str) -> None:
@@ -31,15 +31,7 @@ def require_file(path: str) -> None:
         return
     if file.exists():
         raise DataError(f"data file {path!r}: a directory, not a file")
-    raise DataError(f"data file {path!r}: no such file{_closest_file(file)}")
-
-
-def _closest_file(file: Path) -> str:
-    if not file.parent.is_dir():
-        return f" ({file.parent} does not exist either)"
-    siblings = [entry.name for entry in file.parent.iterdir() if entry.is_file()]
-    close = difflib.get_close_matches(file.name, siblings, n=1)
-    return f" (did you mean {str(file.parent / close[0])!r}?)" if close else ""
+    raise DataError(f"data file {path!r}: no such file{closest_sibling(file, Path.is_file)}")
 
 
 def require_fields(dataset, fields, source: str) -> None:

@@ -8,10 +8,10 @@ retries and reads "We couldn't connect to 'https://huggingface.co' ...", naming 
 the fix. A name is fine when it is a local model directory, is in the Hugging Face cache, or the Hub
 answers for it (one metadata request, no retries); then `from_pretrained` downloads it as usual.
 """
-import difflib
 from pathlib import Path
 
 from nbddp.errors import UsageError
+from nbddp.runtime.near_miss import closest_sibling
 
 MODEL_FILES = ("config.json", "adapter_config.json")  # a saved model, or a LoRA adapter (Unsloth loads both)
 HUB_TIMEOUT_S = 10  # the one metadata request to the Hub
@@ -27,7 +27,7 @@ def require_model(name: str) -> None:
     if path.exists():
         raise UsageError(f"model {name!r}: a file, not a model directory")
     if _looks_local(name):
-        raise UsageError(f"model {name!r}: no such directory{_closest_sibling(path)}")
+        raise UsageError(f"model {name!r}: no such directory{closest_sibling(path, Path.is_dir)}")
     if _in_hub_cache(name):
         return
     _ask_hub(name)
@@ -45,15 +45,6 @@ def _looks_local(name: str) -> bool:
     except HFValidationError:  # `./x`, `/abs/x`, `a/b/c`, `~/x`: no Hub id looks like these
         return True
     return False
-
-
-def _closest_sibling(path: Path) -> str:
-    parent = path.parent
-    if not parent.is_dir():
-        return f" ({parent} does not exist either)"
-    siblings = [entry.name for entry in parent.iterdir() if entry.is_dir()]
-    close = difflib.get_close_matches(path.name, siblings, n=1)
-    return f" (did you mean {str(parent / close[0])!r}?)" if close else ""
 
 
 def _in_hub_cache(name: str) -> bool:
