@@ -33,12 +33,12 @@ def variant_table(result):
             "peak GiB (max rank) | first step s |",
             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     trials = result["trials"]
+    gpus = world_sizes(result)
     for label, summary in result["summary"]["variants"].items():
-        gpus = next(t["world_size"] for t in trials if t["label"] == label and t["status"] == "ok")
-        checkpointing = checkpointing_used(t for t in trials if t["label"] == label and t["status"] == "ok")
+        mine = [t for t in trials if t["label"] == label and t["status"] == "ok"]
         spreads = [f"{t['tokens_per_s']['median']:,.0f} [{t['tokens_per_s']['p10']:,.0f}–{t['tokens_per_s']['p90']:,.0f}]"
-                   for t in trials if t["label"] == label and t["status"] == "ok"]
-        rows.append(f"| {label} | {gpus} | {checkpointing} | {summary['trials']} | {fmt(summary['tokens_per_s_median'])}; "
+                   for t in mine]
+        rows.append(f"| {label} | {gpus[label]} | {checkpointing_used(mine)} | {summary['trials']} | {fmt(summary['tokens_per_s_median'])}; "
                     f"{'; '.join(spreads)} | {fmt(summary['tokens_per_s_per_gpu_median'])} | "
                     f"{summary['mfu_median']:.3f} | {fmt(summary['peak_allocated_gib_max_rank_median'], 1)} | "
                     f"{fmt(summary['t_first_step_s_median'], 1)} |")
@@ -46,6 +46,11 @@ def variant_table(result):
     if failed:
         rows.append(f"\nFailed trials: {', '.join(failed)}.")
     return "\n".join(rows)
+
+
+def world_sizes(result):
+    """{variant label: GPUs} of the experiment's finished trials."""
+    return {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
 
 
 def checkpointing_used(trials):
@@ -85,7 +90,7 @@ def scaling_points(results):
     points = []
     for name, result in results.items():
         variants = result["summary"]["variants"]
-        gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
+        gpus = world_sizes(result)
         series = {}
         for c in result["summary"]["comparisons"]:
             base, scaled = c["denominator"], c["numerator"]
@@ -102,7 +107,7 @@ def other_points(results):
     variant (the hand-written reference)."""
     points = []
     for name, result in results.items():
-        gpus = {t["label"]: t["world_size"] for t in result["trials"] if t["status"] == "ok"}
+        gpus = world_sizes(result)
         comparisons = result["summary"]["comparisons"]
         bases = {c["denominator"] for c in comparisons if gpus.get(c["denominator"]) == 1}
         scaled = {c["numerator"] for c in comparisons if c["denominator"] in bases}
