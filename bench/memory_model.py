@@ -4,7 +4,7 @@ The estimate itself is the runtime's (`nbddp.runtime.memory_estimate`, which the
 choose its mode); this module gives it the benchmarks' inputs: a config.json and `load_in_4bit`, before any
 model exists. Modes, cheapest first: "off", "true", "unsloth" (see the runtime module for what each keeps).
 """
-from nbddp.runtime.memory_estimate import MODES, cheapest_fitting, estimate_peak, shape_from_config
+from nbddp.runtime.memory_estimate import HEADROOM, MODES, cheapest_fitting, estimate_peak, shape_from_config
 
 __all__ = ["MODES", "choose_checkpointing", "estimate_peak_gib"]
 
@@ -14,7 +14,7 @@ def estimate_peak_gib(config, seq_len, micro_batch, load_in_4bit, mode, lora_r=1
     return estimate_peak(shape_from_config(config, load_in_4bit, lora_r), seq_len, micro_batch, mode)
 
 
-def choose_checkpointing(config, seq_len, micro_batch, load_in_4bit, capacity_gib, headroom=0.85, lora_r=16):
+def choose_checkpointing(config, seq_len, micro_batch, load_in_4bit, capacity_gib, headroom=HEADROOM, lora_r=16):
     """The cheapest mode whose estimate fits in headroom * capacity, with every mode's estimate."""
     estimates = [estimate_peak_gib(config, seq_len, micro_batch, load_in_4bit, m, lora_r) for m in MODES]
     budget = headroom * capacity_gib

@@ -28,10 +28,10 @@ import sys
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime.memory_estimate import GIB, MODES, ModelShape, cheapest_fitting, estimate_peak, shape_from_model
+from nbddp.runtime.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
+                                           shape_from_model)
 
 PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
-HEADROOM = 0.85  # of the memory this process can have: allocator fragmentation, eval batches, longer rows
 UNSLOTH_MIN_OFFLOAD_SEQ = 512  # below this Unsloth recomputes as "true" (offloading is not worth it there)
 _UNSLOTH_VALUES = {"off": False, "true": True, "unsloth": "unsloth"}  # what Unsloth's get_peft_model takes
 

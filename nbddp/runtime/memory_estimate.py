@@ -28,6 +28,7 @@ FP32 = 4
 NF4_BYTES_PER_WEIGHT = 0.5 + 4 / 64 / 4 + 1 / 256  # 4-bit values, double-quantised absmax per 64, second-level scales
 LORA_BYTES_PER_PARAM = 4 + 4 + 2 * 4  # fp32 adapter, its gradient, Adam's two moments
 ALLOCATOR_OVERHEAD = 1.10  # fragmentation and workspaces seen between allocated and estimated
+HEADROOM = 0.85  # of the memory a process can have, what an estimate may fill: fragmentation, eval batches, longer rows
 # Per-layer activations of the Transformers+PEFT fallback over Unsloth's (see above).
 TRANSFORMERS_PEFT_ACTIVATIONS = 1.5
 TRANSFORMERS_PEFT_4BIT_ACTIVATIONS = 2.4
