@@ -38,9 +38,13 @@ class Experiment:
     rounds: int
     comparisons: tuple  # (numerator label, denominator label) pairs
     concurrent: bool = False
+    # Extra optimizer steps after the timed ones, run under torch.profiler (bench.profile_summary says where
+    # each GPU's time went); 0: none.
+    profile_steps: int = 0
 
 
 UNSLOTH_BF16 = {"backend": "unsloth", "load_in_4bit": False}
+UNSLOTH_QLORA = {"backend": "unsloth", "load_in_4bit": True}
 CHECKPOINTED = {"use_gradient_checkpointing": "unsloth"}
 REFERENCE_BF16_OFF = {"load_in_4bit": False, "use_gradient_checkpointing": "false"}
 
@@ -116,8 +120,8 @@ EXPERIMENTS = {
             description="DDP scaling of the generated script and generated vs reference at 2 GPUs, Unsloth QLoRA "
                         "4-bit, 8B, checkpointing off (what \"auto\" picks on an H200; the reference is told).",
             shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8,
-            variants={"generated_1gpu": Variant("generated", 1, {"backend": "unsloth", "load_in_4bit": True}),
-                      "generated_2gpu": Variant("generated", 2, {"backend": "unsloth", "load_in_4bit": True}),
+            variants={"generated_1gpu": Variant("generated", 1, UNSLOTH_QLORA),
+                      "generated_2gpu": Variant("generated", 2, UNSLOTH_QLORA),
                       "reference_2gpu": Variant("reference", 2, {"load_in_4bit": True,
                                                                  "use_gradient_checkpointing": "false"})},
             order=("generated_1gpu", "generated_2gpu", "reference_2gpu"), rounds=3,
@@ -146,6 +150,35 @@ EXPERIMENTS = {
                       "generated_2gpu": Variant("generated", 2, UNSLOTH_BF16)},
             order=("reference_2gpu", "generated_2gpu"), rounds=1,
             comparisons=(("generated_2gpu", "reference_2gpu"),),
+        ),
+        Experiment(
+            name="profile_1b",
+            description="Where the 1.1B shape's 2-GPU step time goes (gap_1b: scaling 0.65, no suspect closed it): 1 "
+                        "vs 2 GPUs with the CPU threads torchrun gives each (32 for one process, 1 for two) and "
+                        "with them equal, and 3 profiled steps after the timed ones in every trial (GPU busy, "
+                        "collective and idle time per step). Generated script, Unsloth bf16 LoRA, checkpointing off.",
+            shape="llama-1.1b", micro_batch=4, steps=40, warmup_steps=8, profile_steps=3,
+            variants={"baseline": Variant("generated", 2, UNSLOTH_BF16),
+                      "baseline_1gpu": Variant("generated", 1, UNSLOTH_BF16),
+                      "baseline_1gpu_omp1": Variant("generated", 1, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "1"}),
+                      "baseline_omp16": Variant("generated", 2, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "16"})},
+            order=("baseline", "baseline_1gpu", "baseline_1gpu_omp1", "baseline_omp16"), rounds=2,
+            comparisons=(("baseline", "baseline_1gpu"), ("baseline", "baseline_1gpu_omp1"),
+                         ("baseline_omp16", "baseline"), ("baseline_1gpu_omp1", "baseline_1gpu")),
+        ),
+        Experiment(
+            name="threads_8b_qlora",
+            description="QLoRA 8B scaling (scaling_8b_qlora: 0.918) with CPU threads equal on both sides (torchrun "
+                        "gives one process 32 threads, each of two processes 1), and 3 profiled steps after the "
+                        "timed ones in every trial. Generated script, Unsloth QLoRA, checkpointing off.",
+            shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8, profile_steps=3,
+            variants={"generated_2gpu": Variant("generated", 2, UNSLOTH_QLORA),
+                      "generated_1gpu": Variant("generated", 1, UNSLOTH_QLORA),
+                      "generated_1gpu_omp1": Variant("generated", 1, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "1"}),
+                      "generated_2gpu_omp16": Variant("generated", 2, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "16"})},
+            order=("generated_2gpu", "generated_1gpu", "generated_1gpu_omp1", "generated_2gpu_omp16"), rounds=2,
+            comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "generated_1gpu_omp1"),
+                         ("generated_2gpu_omp16", "generated_2gpu"), ("generated_1gpu_omp1", "generated_1gpu")),
         ),
         Experiment(
             name="gap_1b",

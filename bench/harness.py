@@ -45,6 +45,7 @@ FIRST_TRIAL_GUESS_S = {"llama-1.1b": 90, "llama3-8b": 100}  # before any trial o
 MAX_TRIAL_S = {"llama-1.1b": 200, "llama3-8b": 300}  # a trial still running then is hung, not slow
 DATA_ROWS = 512  # enough for every planned trial without a second epoch
 LOG_TAIL_LINES = 40
+RANK_FILE = re.compile(r"rank\d+\.json")
 
 
 def flag_value(value):
@@ -63,7 +64,7 @@ def script_flags(experiment, variant, model_dir, data_path, output_dir):
         "max_seq_length": plan.SEQ_LEN,
         "per_device_train_batch_size": experiment.micro_batch,
         "gradient_accumulation_steps": 1,
-        "max_steps": experiment.steps,
+        "max_steps": experiment.steps + experiment.profile_steps,
         "lora_r": plan.LORA_R,
         "seed": plan.SEED,
         "output_dir": output_dir,
@@ -80,13 +81,15 @@ def trial_command(variant, flags):
             "bench/timed_run.py", SCRIPTS[variant.script], *flags]
 
 
-def trial_env(variant, gpus, result_dir):
+def trial_env(experiment, variant, gpus, result_dir):
     env = dict(os.environ)
     env.update(OFFLINE_ENV)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     env["BENCH_RESULT_DIR"] = str(result_dir)
     env["BENCH_DDP_KWARGS"] = json.dumps(variant.ddp)
+    if experiment.profile_steps:
+        env["BENCH_PROFILE_STEPS"] = f"{experiment.steps + 1}-{experiment.steps + experiment.profile_steps}"
     env.update(variant.env)
     env.update(SAFE_ENV)
     return env
@@ -158,13 +161,15 @@ def summarize_trial(trial, experiment, matmul, flops):
     result_dir = Path(trial["dir"])
     log_text = (result_dir / "log.txt").read_text(errors="replace") if (result_dir / "log.txt").exists() else ""
     trial.update(log_facts(log_text))
-    ranks = sorted((json.loads(p.read_text()) for p in result_dir.glob("rank*.json")), key=lambda r: r["rank"])
+    ranks = sorted((json.loads(p.read_text()) for p in result_dir.glob("rank*.json") if RANK_FILE.fullmatch(p.name)),
+                   key=lambda r: r["rank"])
     if trial["returncode"] != 0 or not ranks:
         trial["status"] = "failed"
         trial["log_tail"] = log_text.splitlines()[-LOG_TAIL_LINES:]
         return trial
     lead = ranks[0]
-    steady = lead["step_ms"][experiment.warmup_steps:]
+    timed = lead["step_ms"][:experiment.steps]  # profiled steps, if any, come after
+    steady = timed[experiment.warmup_steps:]
     if not steady:
         trial["status"] = "failed"
         trial["log_tail"] = ["fewer steps than warm-up steps"] + log_text.splitlines()[-LOG_TAIL_LINES:]
@@ -195,9 +200,20 @@ def summarize_trial(trial, experiment, matmul, flops):
         "torch_threads": lead["torch_threads"],
         "omp_num_threads_env": lead["omp_num_threads_env"],
         "gradient_checkpointing_arg": lead.get("gradient_checkpointing_arg"),
-        "step_ms_all": lead["step_ms"],
+        "step_ms_all": timed,
     })
+    profiles = sorted(result_dir.glob("rank*_profile.json"))
+    if profiles:
+        trial["profile"] = {p.name.split("_")[0]: profile_figures(json.loads(p.read_text())) for p in profiles}
     return trial
+
+
+def profile_figures(profile):
+    """A rank's profile without its kernel list (that stays in the logs): per-step wall, busy, collective, idle."""
+    devices = {device: {k: v for k, v in figures.items() if k != "top_kernels"}
+               for device, figures in profile["devices"].items()}
+    return {"profiled_steps": profile["profiled_steps"], "wall_ms_per_step": profile["wall_ms_per_step"],
+            "devices": devices}
 
 
 def peak_gib(trial):
@@ -314,9 +330,10 @@ class Runner:
             flags = script_flags(experiment, variant, self.models[experiment.shape], self.data,
                                  str(trial_dir / "output"))
             command = trial_command(variant, flags)
-            env = trial_env(variant, gpus, trial_dir)
+            env = trial_env(experiment, variant, gpus, trial_dir)
             env["BENCH_T0"] = repr(time.time())
-            env_shown = {**variant.env, "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"]}
+            env_shown = {**variant.env, "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"],
+                         **{k: env[k] for k in ("BENCH_PROFILE_STEPS",) if k in env}}
             trial = {"label": label, "round": round_index, "gpus": list(gpus), "dir": str(trial_dir),
                      "command": " ".join(f"{k}={v}" for k, v in env_shown.items()) + " " + shlex.join(["python3", *command[1:]]),
                      "ddp_overrides": variant.ddp,

@@ -70,6 +70,26 @@ def comparison_table(result):
     return "\n".join(rows)
 
 
+def profile_table(result):
+    """Per profiled trial and rank, ms per step: wall, GPU busy, compute alone, inside collectives, idle; "" when
+    no trial was profiled."""
+    rows = []
+    for t in result["trials"]:
+        for rank, profile in sorted((t.get("profile") or {}).items()):
+            for device, d in sorted(profile["devices"].items()):
+                rows.append(f"| {t['label']} | {t['round'] + 1} | {rank} (GPU {device}) | "
+                            f"{profile['wall_ms_per_step']:.1f} | {d['kernel_busy_ms_per_step']:.1f} | "
+                            f"{d['compute_busy_ms_per_step']:.1f} | {d['collective_ms_per_step']:.1f} | "
+                            f"{d['idle_ms_per_step']:.1f} |")
+    if not rows:
+        return ""
+    steps = next(t["profile"] for t in result["trials"] if t.get("profile"))
+    first, last = next(iter(steps.values()))["profiled_steps"]
+    return (f"Profiled steps {first}–{last} (after the timed ones), ms per step:\n\n"
+            "| variant | round | rank | wall | GPU busy | compute kernels | in collectives | idle |\n"
+            "| --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
+
+
 def markdown(results):
     parts = []
     for name, result in results.items():
@@ -80,7 +100,8 @@ def markdown(results):
                      f"{'side by side' if setup['concurrent'] else 'one trial at a time'}; "
                      f"{len(result.get('calls') or [result.get('environment')])} device call(s); the memory model's "
                      f"checkpointing choice for this shape: {setup['checkpointing_choice']['chosen']}.\n\n"
-                     + variant_table(result) + "\n\n" + comparison_table(result) + "\n")
+                     + variant_table(result) + "\n\n" + comparison_table(result) + "\n"
+                     + (f"\n{profile_table(result)}" if profile_table(result) else ""))
     return "\n".join(parts)
 
 

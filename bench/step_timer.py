@@ -11,14 +11,22 @@ Step time is the device-side interval between CUDA events recorded at consecutiv
 so it covers everything in a step: batch fetch, forward/backward of every micro batch, gradient
 all-reduce and optimizer. Events are read once, after training, so timing adds no synchronisation
 to the steps; the one synchronisation at step 1 (wall time to first step) falls in warm-up.
+
+With `profile_steps=(first, last)`, torch.profiler records steps first..last (the harness puts them after
+the timed steps) and each rank writes `rank<R>_profile.json` (bench.profile_summary: busy, collective and
+idle time per GPU), `rank<R>_ops.txt` (the profiler's operator table) and `rank<R>_trace.json.gz`.
 """
+import gzip
 import importlib.abc
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+
+from bench.profile_summary import summarize_trace_file
 
 ROW_SAMPLE = 64  # training rows whose token count is checked against the expected fixed length
 
@@ -45,10 +53,11 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def install(result_dir, t0, ddp_overrides=None, remove_callbacks=()):
+def install(result_dir, t0, ddp_overrides=None, remove_callbacks=(), profile_steps=None):
     """Arrange for the next `Trainer.train` call in this process to be timed and reported; `remove_callbacks`
-    names callback classes to take off the trainer first (to measure what they cost)."""
-    report = Report(result_dir, t0, ddp_overrides or {}, tuple(remove_callbacks))
+    names callback classes to take off the trainer first (to measure what they cost); `profile_steps`
+    (first, last) are profiled."""
+    report = Report(result_dir, t0, ddp_overrides or {}, tuple(remove_callbacks), profile_steps)
     if "transformers.trainer" in sys.modules:
         _wrap_train(sys.modules["transformers.trainer"], report)
     else:
@@ -93,11 +102,14 @@ def _gpu_processes():
 class Report:
     """Collects one rank's measurements during training and writes them as JSON."""
 
-    def __init__(self, result_dir, t0, ddp_overrides, remove_callbacks=()):
+    def __init__(self, result_dir, t0, ddp_overrides, remove_callbacks=(), profile_steps=None):
         self.result_dir = result_dir
         self.t0 = t0
         self.ddp_overrides = ddp_overrides
         self.remove_callbacks = remove_callbacks
+        self.profile_steps = profile_steps
+        self.profiler = None
+        self.profile_started = None
         self.trainer = None
         self.events = []  # CUDA events at on_step_end (index 0: train begin)
         self.host_times = []  # perf_counter at the same points
@@ -140,6 +152,12 @@ class Report:
                     report.data["ddp_module"] = report.describe_wrapped_model()
                 elif state.global_step == 2:
                     report.data["gpu_processes"] = _gpu_processes()
+                if report.profile_steps:
+                    first, last = report.profile_steps
+                    if state.global_step == first - 1:
+                        report.start_profile()
+                    elif state.global_step == last:
+                        report.stop_profile(torch)
 
         trainer.add_callback(StepTimer())
 
@@ -167,6 +185,33 @@ class Report:
             event.record()
             self.events.append(event)
         self.host_times.append(time.perf_counter())
+
+    def start_profile(self):
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.cuda else [])
+        self.profiler = profile(activities=activities)
+        self.profiler.start()
+        self.profile_started = time.perf_counter()
+
+    def stop_profile(self, torch):
+        self.synchronize(torch)  # the last profiled step's kernels have finished: wall time covers them
+        wall_ms = (time.perf_counter() - self.profile_started) * 1e3
+        self.profiler.stop()
+        rank, _ = _rank_and_world()
+        first, last = self.profile_steps
+        prefix = os.path.join(self.result_dir, f"rank{rank}")
+        os.makedirs(self.result_dir, exist_ok=True)
+        self.profiler.export_chrome_trace(prefix + "_trace.json")
+        summary = summarize_trace_file(prefix + "_trace.json", wall_ms, last - first + 1)
+        with open(prefix + "_trace.json", "rb") as raw, gzip.open(prefix + "_trace.json.gz", "wb") as packed:
+            shutil.copyfileobj(raw, packed)
+        os.remove(prefix + "_trace.json")
+        with open(prefix + "_ops.txt", "w") as out:
+            sort_by = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+            out.write(self.profiler.key_averages().table(sort_by=sort_by, row_limit=40))
+        with open(prefix + "_profile.json", "w") as out:
+            json.dump({"profiled_steps": [first, last], **summary}, out, indent=1)
 
     def synchronize(self, torch):
         if self.cuda:

@@ -43,6 +43,21 @@ def test_trial_summary_skips_warmup_and_computes_throughput_and_mfu(tmp_path):
     assert t["unsloth_data_parallel_gpus"] == 2 and t["backend_line"].startswith("nbddp: backend=unsloth")
 
 
+def test_profiled_steps_are_not_timed_and_their_kernel_lists_stay_in_the_logs(tmp_path):
+    profiled = plan.Experiment(**{**EXPERIMENT.__dict__, "steps": 4, "profile_steps": 2})
+    directory = tmp_path / "p"
+    write_rank(directory, 0, 1, [5000, 900, 200, 200, 999, 999])
+    (directory / "rank0_profile.json").write_text(json.dumps({
+        "profiled_steps": [5, 6], "steps": 2, "wall_ms_per_step": 999.0,
+        "devices": {"0": {"kernel_busy_ms_per_step": 900.0, "idle_ms_per_step": 99.0,
+                          "top_kernels": [{"name": "gemm", "calls": 2, "total_ms": 1.0}]}}}))
+    t = summarize_trial({"label": "one", "round": 0, "gpus": [0], "dir": str(directory), "returncode": 0},
+                        profiled, MATMUL, flops=4.0e9)
+    assert t["step_ms"]["n"] == 2 and t["step_ms"]["median"] == 200 and len(t["step_ms_all"]) == 4
+    assert t["profile"] == {"rank0": {"profiled_steps": [5, 6], "wall_ms_per_step": 999.0,
+                                      "devices": {"0": {"kernel_busy_ms_per_step": 900.0, "idle_ms_per_step": 99.0}}}}
+
+
 def test_failed_trial_keeps_the_end_of_its_log(tmp_path):
     t = trial(tmp_path, "one", 0, 1, [1, 2, 3], returncode=1)
     assert t["status"] == "failed" and "Data Parallel GPUs = 2 |" in t["log_tail"]
@@ -118,7 +133,7 @@ def test_runner_runs_rounds_and_writes_results_after_each_trial(tmp_path, monkey
         name="toy", description="", shape="llama-1.1b", micro_batch=2, steps=4, warmup_steps=1,
         variants={"one": plan.Variant("generated", 1, env={"OMP_NUM_THREADS": "1"}),
                   "two": plan.Variant("generated", 2, env={"OMP_NUM_THREADS": "1"})},
-        order=("one", "two"), rounds=1, comparisons=(("two", "one"),))
+        order=("one", "two"), rounds=1, comparisons=(("two", "one"),), profile_steps=2)
     runner = harness.Runner(tmp_path / "out", tmp_path / "work", time.time() + 240, {"llama-1.1b": "unused"},
                             "unused", [{"median_flops_per_s": 1e12}] * 2, {"gpu_memory_gib": [139.0] * 2})
     (tmp_path / "out").mkdir()
@@ -128,6 +143,11 @@ def test_runner_runs_rounds_and_writes_results_after_each_trial(tmp_path, monkey
     assert [t["world_size"] for t in result["trials"]] == [1, 2]
     assert "--nproc_per_node=2" in result["trials"][1]["command"]
     assert result["summary"]["comparisons"][0]["tokens_per_s"]["per_pair"]  # one round, one ratio
+    # Two profiled steps ran after the 4 timed ones: timing and plots see only the timed steps.
+    assert "BENCH_PROFILE_STEPS=5-6" in result["trials"][0]["command"]
+    assert all(len(t["step_ms_all"]) == 4 and t["step_ms"]["n"] == 3 for t in result["trials"])
+    assert sorted(result["trials"][1]["profile"]) == ["rank0", "rank1"]
+    assert result["trials"][1]["profile"]["rank0"]["profiled_steps"] == [5, 6]
 
 
 def test_runner_skips_a_trial_that_cannot_finish_before_the_deadline(tmp_path):

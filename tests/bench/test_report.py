@@ -62,3 +62,15 @@ def test_a_four_gpu_experiment_plots_its_measurements_and_its_reference():
     assert scaling_points(results) == [("scaling_4: g1 scaled", {1: 40_000.0, 2: 76_000.0, 4: 150_000.0},
                                         {2: pytest.approx(0.95), 4: 0.93})]
     assert other_points(results) == [("scaling_4: ref4", 4, 152_000.0)]
+
+
+def test_profiled_trials_get_a_table_of_where_the_step_went(tmp_path):
+    profiled = result()
+    assert "Profiled steps" not in markdown({"toy": profiled})
+    gpu = {"kernel_busy_ms_per_step": 150.0, "compute_busy_ms_per_step": 110.0, "collective_ms_per_step": 40.0,
+           "idle_ms_per_step": 32.5, "kernels_per_step": 900}
+    profiled["trials"][1].update(round=0, profile={"rank1": {"profiled_steps": [41, 43], "wall_ms_per_step": 182.5,
+                                                              "devices": {"1": gpu}}})
+    text = markdown({"toy": profiled})
+    assert "Profiled steps 41–43" in text
+    assert "| g2 | 1 | rank1 (GPU 1) | 182.5 | 150.0 | 110.0 | 40.0 | 32.5 |" in text

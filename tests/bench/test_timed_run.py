@@ -60,3 +60,28 @@ def test_named_callbacks_are_removed_and_a_missing_one_is_an_error(tmp_path, tin
     failed = run("MisspeltCallback")
     assert failed.returncode != 0
     assert "the trainer has no 'MisspeltCallback' callback" in failed.stderr
+
+
+@pytest.mark.e2e
+def test_profiled_steps_write_a_profile_after_the_timed_ones(tmp_path, tiny_train_script):
+    def run(steps_text, max_steps):
+        env = {**os.environ, "BENCH_RESULT_DIR": str(tmp_path / "result"), "BENCH_PROFILE_STEPS": steps_text}
+        return subprocess.run([sys.executable, "bench/timed_run.py", str(tiny_train_script), "--max_steps",
+                               str(max_steps), "--output_dir", str(tmp_path / "out")],
+                              cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    done = run("4-5", 5)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = tmp_path / "result"
+    assert len(json.loads((result / "rank0.json").read_text())["step_ms"]) == 5
+    profile = json.loads((result / "rank0_profile.json").read_text())
+    assert profile["profiled_steps"] == [4, 5] and profile["steps"] == 2
+    assert profile["wall_ms_per_step"] > 0 and profile["devices"] == {}  # CPU: no kernels
+    assert "aten::" in (result / "rank0_ops.txt").read_text()
+    import gzip
+
+    assert "traceEvents" in gzip.open(result / "rank0_trace.json.gz", "rt").read()
+    assert not (result / "rank0_trace.json").exists()
+    for bad in ("1-3", "5", "a-b"):
+        failed = run(bad, 3)
+        assert failed.returncode != 0 and "BENCH_PROFILE_STEPS" in failed.stderr
