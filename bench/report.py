@@ -124,48 +124,54 @@ def scaling_points(results):
 
 
 def other_points(results):
-    """(name, GPUs, tok/s) of the multi-GPU variants of a scaling experiment that are not scaled from its 1-GPU
-    variant (the hand-written reference)."""
+    """(name, GPUs, speed-up over the experiment's 1-GPU variant) of the multi-GPU variants of a scaling experiment
+    that are not scaled from its 1-GPU variant (the hand-written reference, variants of a suspect)."""
     points = []
     for name, result in results.items():
         gpus = world_sizes(result)
+        variants = result["summary"]["variants"]
         comparisons = result["summary"]["comparisons"]
-        bases = {c["denominator"] for c in comparisons if gpus.get(c["denominator"]) == 1}
+        bases = [c["denominator"] for c in comparisons if gpus.get(c["denominator"]) == 1 and c["denominator"] in variants]
         scaled = {c["numerator"] for c in comparisons if c["denominator"] in bases}
         if not bases:
             continue
-        for label, summary in result["summary"]["variants"].items():
+        one = variants[bases[0]]["tokens_per_s_median"]
+        for label, summary in variants.items():
             if gpus.get(label, 1) > 1 and label not in scaled:
-                points.append((f"{name}: {label}", gpus[label], summary["tokens_per_s_median"]))
+                points.append((f"{name}: {label}", gpus[label], summary["tokens_per_s_median"] / one))
     return points
 
 
 def plot(points, path, others=()):
+    """Speed-up over one GPU (so shapes of any size share the axes), measured and, without a 4-GPU measurement,
+    projected; `others`: (name, GPUs, speed-up) marked with crosses."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(6.4, 4.2))
-    for index, (name, by_gpus, efficiencies) in enumerate(points):
+    figure, axis = plt.subplots(figsize=(7.2, 4.6))
+    most_gpus = max([4] + [n for _, by_gpus, _ in points for n in by_gpus])
+    axis.plot([1, most_gpus], [1, most_gpus], ":", color="grey", label="ideal (efficiency 1)")
+    for name, by_gpus, efficiencies in points:
         counts = sorted(by_gpus)
         one, most = by_gpus[1], counts[-1]
         efficiency = efficiencies[most]
-        line, = axis.plot(counts, [by_gpus[n] for n in counts], "o-", label=f"{name} (eff. {efficiency:.2f} at {most})")
-        axis.plot([1, max(most, 4)], [one, max(most, 4) * one], ":", color=line.get_color(), alpha=0.4)
+        line, = axis.plot(counts, [by_gpus[n] / one for n in counts], "o-",
+                          label=f"{name} (eff. {efficiency:.2f} at {most})")
         if most == 2:  # no 4-GPU measurement: project one
-            four = 4 * one * projected_efficiency(efficiency)
-            axis.plot([2, 4], [by_gpus[2], four], "o--", color=line.get_color(), alpha=0.6)
-            axis.annotate(f"4 GPUs projected\n(eff. {projected_efficiency(efficiency):.2f})", (4, four),
-                          textcoords="offset points", xytext=(-90, -25 - 22 * index), fontsize=7,
-                          color=line.get_color())
-    for name, gpus, tokens_per_s in others:
-        axis.plot([gpus], [tokens_per_s], "x", markersize=9, label=name)
+            four = 4 * projected_efficiency(efficiency)
+            axis.plot([2, 4], [by_gpus[2] / one, four], "o--", color=line.get_color(), alpha=0.6)
+            axis.annotate(f"{projected_efficiency(efficiency):.2f}", (4, four), textcoords="offset points",
+                          xytext=(6, -3), fontsize=7, color=line.get_color())
+    for name, gpus, speedup in others:
+        axis.plot([gpus], [speedup], "x", markersize=8, label=name)
     axis.set_xticks([1, 2, 4] + sorted({n for _, by_gpus, _ in points for n in by_gpus if n > 4}))
-    axis.set_xlabel("GPUs (H200, same per-GPU batch); dotted: ideal, dashed: projection")
-    axis.set_ylabel("tokens/s (median over steady-state steps)")
+    axis.set_xlim(0.8, most_gpus + 0.6)
+    axis.set_xlabel("GPUs (H200, same per-GPU batch); dashed: projected, labelled with its efficiency")
+    axis.set_ylabel("speed-up over 1 GPU (tokens/s ratio)")
     axis.set_title("DDP scaling of the generated script")
-    axis.legend(fontsize=7, loc="upper left")
+    axis.legend(fontsize=6, loc="upper left")
     axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
