@@ -49,7 +49,6 @@ CHECKPOINTED = {"use_gradient_checkpointing": "unsloth"}
 REFERENCE_BF16_OFF = {"load_in_4bit": False, "use_gradient_checkpointing": "false"}
 
 
-
 def backends_8b(name, setting, settings):
     """Unsloth vs Transformers+PEFT: the same generated script with --backend unsloth / hf and `settings`, 8B,
     one GPU each, side by side, two rounds."""
@@ -61,6 +60,24 @@ def backends_8b(name, setting, settings):
                   "hf": Variant("generated", settings={"backend": "hf", **settings})},
         order=("unsloth", "hf"), rounds=2, concurrent=True,
         comparisons=(("unsloth", "hf"),),
+    )
+
+
+def threads_and_profile(name, why, shape, micro_batch, settings):
+    """1 vs 2 GPUs with the CPU threads torchrun gives each side (32 for one process, 1 for each of two) and with
+    them equal (1 GPU at 1 thread, 2 GPUs at 16 each), 2 rounds, and 3 profiled steps after the timed ones in
+    every trial (GPU busy, collective and idle time per step). Generated script, checkpointing off."""
+    return Experiment(
+        name=name,
+        description=f"{why} 1 vs 2 GPUs with the CPU threads torchrun gives each side (32 for one process, 1 for "
+                    "each of two) and with them equal; 3 profiled steps after the timed ones in every trial.",
+        shape=shape, micro_batch=micro_batch, steps=40, warmup_steps=8, profile_steps=3,
+        variants={"2gpu": Variant("generated", 2, settings),
+                  "1gpu": Variant("generated", 1, settings),
+                  "1gpu_omp1": Variant("generated", 1, settings, env={"OMP_NUM_THREADS": "1"}),
+                  "2gpu_omp16": Variant("generated", 2, settings, env={"OMP_NUM_THREADS": "16"})},
+        order=("2gpu", "1gpu", "1gpu_omp1", "2gpu_omp16"), rounds=2,
+        comparisons=(("2gpu", "1gpu"), ("2gpu", "1gpu_omp1"), ("2gpu_omp16", "2gpu"), ("1gpu_omp1", "1gpu")),
     )
 
 
@@ -151,35 +168,13 @@ EXPERIMENTS = {
             order=("reference_2gpu", "generated_2gpu"), rounds=1,
             comparisons=(("generated_2gpu", "reference_2gpu"),),
         ),
-        Experiment(
-            name="profile_1b",
-            description="Where the 1.1B shape's 2-GPU step time goes (gap_1b: scaling 0.65, no suspect closed it): 1 "
-                        "vs 2 GPUs with the CPU threads torchrun gives each (32 for one process, 1 for two) and "
-                        "with them equal, and 3 profiled steps after the timed ones in every trial (GPU busy, "
-                        "collective and idle time per step). Generated script, Unsloth bf16 LoRA, checkpointing off.",
-            shape="llama-1.1b", micro_batch=4, steps=40, warmup_steps=8, profile_steps=3,
-            variants={"baseline": Variant("generated", 2, UNSLOTH_BF16),
-                      "baseline_1gpu": Variant("generated", 1, UNSLOTH_BF16),
-                      "baseline_1gpu_omp1": Variant("generated", 1, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "1"}),
-                      "baseline_omp16": Variant("generated", 2, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "16"})},
-            order=("baseline", "baseline_1gpu", "baseline_1gpu_omp1", "baseline_omp16"), rounds=2,
-            comparisons=(("baseline", "baseline_1gpu"), ("baseline", "baseline_1gpu_omp1"),
-                         ("baseline_omp16", "baseline"), ("baseline_1gpu_omp1", "baseline_1gpu")),
-        ),
-        Experiment(
-            name="threads_8b_qlora",
-            description="QLoRA 8B scaling (scaling_8b_qlora: 0.918) with CPU threads equal on both sides (torchrun "
-                        "gives one process 32 threads, each of two processes 1), and 3 profiled steps after the "
-                        "timed ones in every trial. Generated script, Unsloth QLoRA, checkpointing off.",
-            shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8, profile_steps=3,
-            variants={"generated_2gpu": Variant("generated", 2, UNSLOTH_QLORA),
-                      "generated_1gpu": Variant("generated", 1, UNSLOTH_QLORA),
-                      "generated_1gpu_omp1": Variant("generated", 1, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "1"}),
-                      "generated_2gpu_omp16": Variant("generated", 2, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "16"})},
-            order=("generated_2gpu", "generated_1gpu", "generated_1gpu_omp1", "generated_2gpu_omp16"), rounds=2,
-            comparisons=(("generated_2gpu", "generated_1gpu"), ("generated_2gpu", "generated_1gpu_omp1"),
-                         ("generated_2gpu_omp16", "generated_2gpu"), ("generated_1gpu_omp1", "generated_1gpu")),
-        ),
+        threads_and_profile(
+            "profile_1b",
+            "Where the 1.1B shape's 2-GPU step time goes (gap_1b: scaling 0.65, no suspect closed it). Unsloth bf16 "
+            "LoRA.", "llama-1.1b", 4, UNSLOTH_BF16),
+        threads_and_profile(
+            "threads_8b_qlora", "QLoRA 8B scaling (scaling_8b_qlora: 0.918) with the threads equal. Unsloth QLoRA.",
+            "llama3-8b", 2, UNSLOTH_QLORA),
         Experiment(
             name="gap_1b",
             description="Suspects for the 2-GPU gap on the 1.1B shape, one interleaved run: OMP threads, DDP bucket "

@@ -6,11 +6,7 @@
 set -o pipefail
 deadline=${1:?deadline in seconds}
 experiments=${2:?comma-separated experiments}
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if [ ! -f /tmp/site/.unpacked ]; then
-  mkdir -p /tmp/site && tar xzf .gpu-site/site.tgz -C /tmp/site && touch /tmp/site/.unpacked || exit 1
-fi
-export PYTHONPATH=/tmp/site JUPYTER_PATH=/tmp/site/share/jupyter
+source bench/gpu_site.sh
 {
   nvidia-smi --query-gpu=index,name,memory.total,clocks.sm,temperature.gpu,utilization.gpu --format=csv
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "gpus", torch.cuda.device_count())'
