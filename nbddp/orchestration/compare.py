@@ -1,4 +1,4 @@
-"""Compare a run's figures with the baseline's, and two runs' per-step losses for DDP parity.
+"""Compare a run's figures with the baseline's, and two runs' per-step training or held-out losses for DDP parity.
 
 "Worse" depends on the metric: higher losses, memory and wall time are worse; lower tokens/s is.
 """
@@ -108,9 +108,18 @@ class Parity:
     def ok(self):
         return self.max_abs_diff is not None and not self.unmatched_steps and self.max_abs_diff <= self.limit
 
+    @property
+    def empty(self):
+        """Neither run logged a value: nothing to compare (held-out losses of runs that never evaluated)."""
+        return self.max_abs_diff is None and not self.unmatched_steps
+
 
 def compare_parity(losses, other_losses, limit):
-    """Compare `[(step, loss)]` of two runs step by step; both must log the same steps."""
+    """Compare `[(step, loss)]` of two runs step by step; both must log the same steps.
+
+    A step logged twice counts once, with its last value: the Trainer evaluates at the last step and the
+    generated script again after training (`trainer.evaluate()`), on the same weights.
+    """
     first, second = dict(losses), dict(other_losses)
     unmatched = tuple(sorted(set(first) ^ set(second)))
     shared = sorted(set(first) & set(second))

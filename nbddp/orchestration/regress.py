@@ -1,8 +1,9 @@
 """`pipeline.py regress`: run the suite's cases, compare their figures with the baseline, report.
 
 Each case runs into `runs/<UTC timestamp>-regress/<case>/`; the report (report.md: case, metric,
-baseline, now, delta, tolerance, status) and loss_curves.png (baseline vs now per case) sit beside
-them. The baseline (`<suite>_baseline.json`) is only ever written by `--update-baseline` from real runs.
+baseline, now, delta, tolerance, status) and loss_curves.png (baseline vs now per case; a parity case's
+two runs, training and held-out losses) sit beside them. The baseline (`<suite>_baseline.json`) is only
+ever written by `--update-baseline` from real runs.
 """
 
 import json
@@ -16,6 +17,8 @@ from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 from nbddp.orchestration.suite import load_suite
 
 ACCUMULATION = "gradient_accumulation_steps"
+TRAIN_PARITY = "parity max abs loss diff"
+EVAL_PARITY = "parity max abs eval_loss diff"
 
 
 class RegressionFailed(NbddpError):
@@ -33,8 +36,10 @@ class CaseResult:
     figures: dict | None = None
     losses: tuple = ()
     error: str | None = None
-    parity: compare.Parity | None = None
+    parity: compare.Parity | None = None  # training losses, parity cases only
+    eval_parity: compare.Parity | None = None  # held-out losses, parity cases only
     parity_curves: dict | None = None  # label -> [(step, loss)], parity cases only
+    eval_parity_curves: dict | None = None  # label -> [(step, held-out loss)], parity cases only
 
 
 def regress(suite_path="regress.yaml", only=None, update_baseline=False, runs_root=RUNS_ROOT):
@@ -115,7 +120,9 @@ def _read_case_metrics(case_dir):
 
 
 def _run_parity(suite, case, params, case_dir):
-    """1 process with N x the accumulation vs N processes: the same global batch every step."""
+    """1 process with N x the accumulation vs N processes: the same global batch every step, so the same
+    training losses, and the same held-out losses wherever the runs evaluated (the N processes split the
+    held-out rows between them)."""
     accumulation = params.get(ACCUMULATION, 1)
     single_label = f"1 process x accumulation {case.nproc * accumulation}"
     multi_label = f"{case.nproc} processes x accumulation {accumulation}"
@@ -124,7 +131,11 @@ def _run_parity(suite, case, params, case_dir):
     parity = compare.compare_parity(single.losses, multi.losses, case.max_abs_diff)
     if parity.unmatched_steps or parity.max_abs_diff is None:
         raise CaseFailed(f"the two runs logged different steps (only in one of them: {list(parity.unmatched_steps)})")
-    return CaseResult(parity=parity, parity_curves={single_label: single.losses, multi_label: multi.losses})
+    # Evaluating at different steps is the eval row's failure, not the run's: the training row still shows.
+    eval_parity = compare.compare_parity(single.eval_losses, multi.eval_losses, case.max_abs_diff)
+    return CaseResult(parity=parity, eval_parity=eval_parity,
+                      parity_curves={single_label: single.losses, multi_label: multi.losses},
+                      eval_parity_curves={single_label: single.eval_losses, multi_label: multi.eval_losses})
 
 
 def report_rows(cases, results, baseline, update_baseline=False):
@@ -135,7 +146,7 @@ def report_rows(cases, results, baseline, update_baseline=False):
         if result.error is not None:
             rows.append(compare.Row(case.name, "run", None, None, "-", "FAILED"))
         elif result.parity is not None:
-            rows.append(_parity_row(case, result.parity))
+            rows += [_parity_row(case, TRAIN_PARITY, result.parity), _parity_row(case, EVAL_PARITY, result.eval_parity)]
         elif case.name not in baseline["cases"] and not update_baseline:
             rows.append(compare.Row(case.name, "baseline", None, None, "-", "missing"))
         else:
@@ -145,9 +156,9 @@ def report_rows(cases, results, baseline, update_baseline=False):
     return rows
 
 
-def _parity_row(case, parity):
-    status = "ok" if parity.ok else "FAILED"
-    return compare.Row(case.name, "parity max abs loss diff", None, parity.max_abs_diff, f"<= {parity.limit:g}", status)
+def _parity_row(case, metric, parity):
+    status = "n/a" if parity.empty else "ok" if parity.ok else "FAILED"
+    return compare.Row(case.name, metric, None, parity.max_abs_diff, f"<= {parity.limit:g}", status)
 
 
 def _as_info(row):
@@ -159,9 +170,19 @@ def _failure_text(row, results):
         return f"case {row.case}: the run failed: {results[row.case].error}"
     if row.metric == "baseline":
         return f"case {row.case}: no baseline (run `python pipeline.py regress --update-baseline`)"
-    if row.metric.startswith("parity"):
+    if row.metric == EVAL_PARITY:
+        return _eval_parity_failure(row, results[row.case].eval_parity)
+    if row.metric == TRAIN_PARITY:
         return f"case {row.case}: parity: losses differ by {_number(row.now)} (limit {row.tolerance})"
     return f"case {row.case}: {row.metric} {_number(row.baseline)} -> {_number(row.now)} ({row.status}, tolerance {row.tolerance})"
+
+
+def _eval_parity_failure(row, parity):
+    if parity.unmatched_steps:
+        return (f"case {row.case}: parity: the two runs evaluated at different steps "
+                f"(only in one of them: {list(parity.unmatched_steps)})")
+    return (f"case {row.case}: parity: held-out losses differ by {_number(row.now)} at step {parity.worst_step} "
+            f"(limit {row.tolerance})")
 
 
 def load_baseline(path):
@@ -184,7 +205,13 @@ def write_report(run_dir, rows, cases, results, baseline):
             lines += ["", f"## {case.name}: run failed", "", "```", results[case.name].error, "```"]
     report = run_dir / "report.md"
     files.write_text(report, "\n".join(lines) + "\n")
-    panels = [(case.name, _curves(case, results[case.name], baseline)) for case in cases]
+    panels = []
+    for case in cases:
+        result = results[case.name]
+        panels.append((case.name, _curves(case, result, baseline)))
+        # A panel of its own: the held-out curves of both runs lie on top of each other, like the training ones.
+        if result.eval_parity_curves and any(result.eval_parity_curves.values()):
+            panels.append((f"{case.name}: held-out loss", result.eval_parity_curves))
     plots.plot_loss_panels(panels, run_dir / "loss_curves.png")
     return report
 

@@ -15,7 +15,7 @@
         nproc: 2
         params: {max_steps: 8}
       - name: ddp-parity              # 1 process x accumulation N vs N processes x accumulation 1
-        parity: {nproc: 2, max_abs_diff: 1.0e-3}
+        parity: {nproc: 2, max_abs_diff: 1.0e-3}  # per step, training and held-out losses alike
         params: {max_steps: 4}
 
 A tolerance is `relative` (fraction of the baseline), `absolute`, or both (the larger allowance wins).

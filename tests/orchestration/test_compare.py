@@ -69,3 +69,11 @@ def test_parity_breaks_when_the_runs_log_different_steps():
     parity = compare.compare_parity([(1, 2.0), (2, 1.5)], [(1, 2.0)], 1e-3)
     assert not parity.ok and parity.unmatched_steps == (2,)
     assert not compare.compare_parity([(1, 2.0)], [], 1e-3).ok
+
+
+def test_parity_of_runs_that_logged_nothing_is_empty_not_ok():
+    # Held-out losses of runs that never evaluated: nothing to compare, which the report shows as n/a.
+    nothing = compare.compare_parity([], [], 1e-3)
+    assert nothing.empty and not nothing.ok
+    assert not compare.compare_parity([(0, 2.0)], [], 1e-3).empty
+    assert not compare.compare_parity([(0, 2.0)], [(0, 2.0)], 1e-3).empty

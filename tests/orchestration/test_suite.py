@@ -3,7 +3,10 @@ import textwrap
 import pytest
 
 from nbddp.errors import UsageError
+from nbddp.orchestration import notebook_run, parameters
 from nbddp.orchestration.suite import load_suite
+
+from .conftest import REPO, needs_generated_script
 
 SUITE = textwrap.dedent("""\
     script: train_fixture.py
@@ -65,3 +68,19 @@ def test_only_picks_one_case_by_name(tmp_path):
 def test_a_bad_suite_names_the_flag_and_the_problem(tmp_path, text, message):
     with pytest.raises(UsageError, match=rf"--suite .*suite.yaml.*{message}"):
         load_suite(write_suite(tmp_path, text))
+
+
+@needs_generated_script
+def test_the_gpu_suite_is_the_default_suite_on_unsloth():
+    cpu, gpu = load_suite(REPO / "regress.yaml"), load_suite(REPO / "regress_gpu.yaml")
+    assert [case.name for case in gpu.cases] == [case.name for case in cpu.cases]
+    for cpu_case, gpu_case in zip(cpu.cases, gpu.cases):
+        assert (gpu_case.mode, gpu_case.nproc) == (cpu_case.mode, cpu_case.nproc)
+        assert gpu_case.params == cpu_case.params | {"backend": "unsloth"}
+    assert gpu.cases[-1].max_abs_diff == 0.05
+    assert gpu.baseline_path.name == "regress_gpu_baseline.json"
+    # What `regress` checks before any run: every case's parameters exist in the script, with the right types.
+    script = REPO / gpu.script
+    defaults = parameters.read_defaults(notebook_run.to_notebook(script), script)
+    for case in gpu.cases:
+        parameters.resolve(defaults, case.params, file_label=f"case {case.name}")
