@@ -56,6 +56,29 @@ def test_invalid_notebook_names_the_cell(tmp_path):
     assert error.value.cell == 2
 
 
+def mark_as_nbformat_4_0_with_cell_ids(path, ids):
+    """What Colab saves: cell ids (nbformat 4.5) in a notebook that says nbformat 4.0."""
+    notebook = json.loads(path.read_text())
+    notebook["nbformat_minor"] = 0
+    for cell, cell_id in zip(notebook["cells"], ids):
+        cell["id"] = cell_id
+    path.write_text(json.dumps(notebook))
+
+
+def test_cell_ids_in_an_older_minor_version_are_read_as_jupyter_reads_them(tmp_path):
+    path = write_stage(tmp_path, "01_data.ipynb", [markdown("# Data"), code("a = 1")])
+    mark_as_nbformat_4_0_with_cell_ids(path, ["IqM-T1RTzY6C", "2eSvM9zX_2d3"])
+    assert [cell.source for cell in read_stage(path).cells] == ["# Data", "a = 1"]
+
+
+def test_a_malformed_cell_id_is_still_an_error_naming_the_cell(tmp_path):
+    path = write_stage(tmp_path, "01_data.ipynb", [markdown("# Data"), code("a = 1")])
+    mark_as_nbformat_4_0_with_cell_ids(path, ["fine", "not an id!"])
+    with pytest.raises(NotebookError, match="not a valid notebook") as error:
+        read_stage(path)
+    assert error.value.cell == 2
+
+
 def test_unknown_tag_suggests_the_closest_known_tag(tmp_path):
     path = write_stage(tmp_path, "01_data.ipynb", [markdown("# Data"), code("a = 1", "rank-0")])
     with pytest.raises(NotebookError, match="unknown cell tag 'rank-0'") as error:

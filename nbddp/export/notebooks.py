@@ -11,6 +11,7 @@ from nbddp.errors import NotebookError
 from nbddp.export.rewrites.base import CellLocation
 
 STAGE_GLOB = "[0-9][0-9]_*.ipynb"
+CELL_IDS_MINOR = 5  # nbformat 4.5 added cell ids
 
 # `injected-parameters` is papermill's own tag for the cell it injects; export drops that cell.
 KNOWN_TAGS = ("parameters", "notebook-only", "rank0", "main-process-first", "injected-parameters")
@@ -89,6 +90,10 @@ def _read_notebook(path: Path):
         raise NotebookError(where, "not a notebook: the file's JSON is not an object")
     try:
         notebook = nbformat.reads(text, as_version=4)
+        if notebook.nbformat_minor < CELL_IDS_MINOR and any("id" in cell for cell in notebook.cells):
+            # Colab and other editors write cell ids (nbformat 4.5) into notebooks marked 4.0-4.4; Jupyter opens
+            # them, so read them as 4.5 notebooks, whose schema still checks every id.
+            notebook.nbformat_minor = CELL_IDS_MINOR
         nbformat.validate(notebook)
     except nbformat.ValidationError as err:
         path_in_notebook = list(err.absolute_path)
