@@ -150,6 +150,7 @@ EXPECTED_UNSLOTH_STYLE_REWRITES = [
     '[set-ddp-training-args] optim="adamw_8bit" -> ddp.optimizer("adamw_8bit")',
     "[guard-rank0-side-effects] model.save_pretrained() runs on the main process only",
     "[guard-inference-cell] the cell generates text (FastLanguageModel.for_inference): it runs on the main process",
+    "[show-cell-result] tokenizer.batch_decode(outputs) is shown once, as Jupyter shows a cell's last value",
 ]
 
 
@@ -169,6 +170,8 @@ def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook
                         nproc=2, cwd=work, env=save_hook["env"])
 
     assert (result.stdout + result.stderr).count("nbddp: backend=") == 1
+    # The generation cell ends with `tokenizer.batch_decode(outputs)`, which Jupyter shows: rank 0 prints it once.
+    assert result.stdout.count("moon river cat fox") == 1
     saves = save_hook["log"].read_text().splitlines()
     # Trainer also saves a checkpoint at the last step (its save_strategy defaults to "steps"), on rank 0 alone.
     assert [save for save in saves if "checkpoint-" not in save] == ["0 lora_model"]

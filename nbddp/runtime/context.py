@@ -4,6 +4,7 @@ Like nanoGPT's DDP block: under torchrun (WORLD_SIZE > 1) it joins the process g
 it defines the same names (rank 0, world size 1), so generated code never asks which mode it is in.
 """
 import atexit
+import builtins
 import contextlib
 import functools
 import importlib.util
@@ -69,6 +70,12 @@ class DistributedContext:
         yield
         if self.local_rank == 0:
             self.barrier()  # let the others in
+
+    def show(self, value):
+        """What Jupyter does with a cell's last value, once: display it on the main process unless it is None.
+        `display` is IPython's in a kernel, nbddp's printing one in a script (see nbddp.runtime.script_display)."""
+        if value is not None and self.is_main_process:
+            builtins.display(value)
 
     def cap_num_proc(self, n):
         """`num_proc` for datasets: at most this machine's CPUs divided among its ranks, at least 1."""

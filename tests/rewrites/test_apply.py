@@ -193,6 +193,7 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
     assert codes[6] == "trainer_stats = trainer.train(resume_from_checkpoint=ddp.checkpoint_to_resume(trainer))"
     assert codes[7].startswith("# alpaca_prompt = Copied from above\nif ddp.is_main_process:\n    FastLanguageModel")
     assert '], return_tensors = "pt").to(ddp.device)' in codes[7] and codes[7].endswith("\nddp.barrier()")
+    assert "\n    ddp.show(tokenizer.batch_decode(outputs))\n" in codes[7]  # what the notebook showed after generating
     assert codes[8].startswith('if ddp.is_main_process:\n    model.save_pretrained("lora_model")  # Local saving\n')
     assert "\nddp.barrier()\n" in codes[8]
     assert codes[9].startswith("if ddp.is_main_process:\n    if False:\n") and "device_map=ddp.device_map()" in codes[9]
@@ -206,7 +207,7 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
         ["hoist-unsloth-import", "rename-trainer-tokenizer", "set-ddp-training-args"],
         ["guard-rank0-side-effects"],
         ["resume-from-checkpoint"],
-        ["guard-inference-cell", "replace-cuda-device"],
+        ["guard-inference-cell", "replace-cuda-device", "show-cell-result"],
         ["guard-rank0-side-effects"],
         ["guard-inference-cell", "inject-device-map"],
         ["guard-rank0-side-effects"],
@@ -247,6 +248,7 @@ def test_changes_after_lines_a_rewrite_added_keep_the_authors_line_numbers():
     _, changes = apply(source, LOCATION, ExportContext())
     assert [(change.line, change.rewrite) for change in changes] == [
         (6, "replace-cuda-device"),
+        (6, "show-cell-result"),  # Jupyter shows the model that `model.cuda()` returns
         (2, "run-datasets-main-process-first"),
         (3, "run-datasets-main-process-first"),
         (5, "guard-rank0-side-effects"),

@@ -86,6 +86,19 @@ def test_gpu_rank_places_the_model_on_its_own_device():
     assert ddp.gpu_only(True) is True and ddp.gpu_only("bf16") == "bf16"
 
 
+def test_a_cells_last_value_is_displayed_once_by_the_main_process_unless_none(monkeypatch):
+    import builtins
+
+    shown = []
+    monkeypatch.setattr(builtins, "display", shown.append, raising=False)
+    main, other = DistributedContext(rank=0, world_size=2), DistributedContext(rank=1, world_size=2)
+    for ddp in (main, other):
+        ddp.show(["the generated text"])
+        ddp.show(None)  # what a call that returns nothing gives: Jupyter shows nothing
+        ddp.show(0)
+    assert shown == [["the generated text"], 0]
+
+
 def test_gpu_only_is_false_on_cpu(single_process):
     assert single_process.gpu_only(True) is False
 

@@ -19,9 +19,11 @@ from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
 from nbddp.export.rewrites.resume_from_checkpoint import ResumeFromCheckpoint
 from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMainProcessFirst
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
+from nbddp.export.rewrites.show_cell_result import ShowCellResult
 
-# Argument-level rewrites first; then the ones that move statements into blocks: a whole-cell guard
-# before the per-statement ones, which leave code under `if ddp.is_main_process:` alone.
+# Argument-level rewrites first, and the cell's last value shown (while it is still the cell's last top-level
+# statement); then the ones that move statements into blocks: a whole-cell guard before the per-statement ones,
+# which leave code under `if ddp.is_main_process:` alone.
 REWRITES: list[type[Rewrite]] = [
     HoistUnslothImport,
     InjectDeviceMap,
@@ -29,6 +31,7 @@ REWRITES: list[type[Rewrite]] = [
     SetDdpTrainingArgs,
     RenameTrainerTokenizer,
     ResumeFromCheckpoint,
+    ShowCellResult,
     GuardInferenceCell,
     RunDatasetsMainProcessFirst,
     GuardRank0SideEffects,

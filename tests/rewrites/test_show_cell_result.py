@@ -1,0 +1,50 @@
+import pytest
+from rewrite_case import assert_rewrites, assert_unchanged, run
+
+from nbddp.export.rewrites.show_cell_result import ShowCellResult
+
+
+def test_the_last_expression_is_shown_once():
+    changes = assert_rewrites(
+        ShowCellResult,
+        """\
+        outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
+        tokenizer.batch_decode(outputs)  # the answer
+        """,
+        """\
+        outputs = model.generate(**inputs, max_new_tokens = 64, use_cache = True)
+        ddp.show(tokenizer.batch_decode(outputs))  # the answer
+        """,
+    )
+    assert changes == [(2, "tokenizer.batch_decode(outputs) is shown once, as Jupyter shows a cell's last value")]
+
+
+def test_only_the_last_statement_and_only_at_the_top_level():
+    assert_rewrites(ShowCellResult, "dataset[0]\nx = 1; dataset[5]\n", "dataset[0]\nx = 1; ddp.show(dataset[5])\n")
+    assert_unchanged(ShowCellResult, "for row in rows:\n    row\n")
+    assert_unchanged(ShowCellResult, "if True:\n    dataset\n")
+    assert_unchanged(ShowCellResult, "stats = trainer.train()\n")
+    assert_unchanged(ShowCellResult, "")
+
+
+def test_a_collective_call_stays_on_every_rank_inside_show():
+    assert_rewrites(ShowCellResult, "trainer.evaluate()\n", "ddp.show(trainer.evaluate())\n")
+
+
+@pytest.mark.parametrize("cell", [
+    "dataset[0];\n",  # Jupyter shows nothing after a semicolon
+    "print(dataset[0])\n",
+    "display(dataset[0])\n",
+    "plt.show()\n",
+    'model.save_pretrained("lora_model")\n',
+    'model.push_to_hub_merged("me/model", tokenizer)\n',
+    "ddp.barrier()\n",  # put last by guard-rank0-side-effects: a second export must change nothing
+])
+def test_what_jupyter_does_not_show_or_prints_by_itself_is_left_alone(cell):
+    assert_unchanged(ShowCellResult, cell)
+
+
+def test_a_long_expression_is_named_by_its_first_line():
+    code, changes = run(ShowCellResult, "tokenizer.apply_chat_template(\n    messages,\n    tokenize = False,\n)\n")
+    assert code.startswith("ddp.show(tokenizer.apply_chat_template(")
+    assert changes == [(1, "tokenizer.apply_chat_template(... is shown once, as Jupyter shows a cell's last value")]
