@@ -42,6 +42,9 @@ def test_alpaca_data_prep_runs_on_local_rank_0_first():
         "ds = ds.filter(lambda row: len(row['text']) > 0)",
         "ds = ds.map(function=tokenize, batched=True)",
         'ds = load_dataset("json", data_files="data/train.jsonl")["train"].shuffle(seed=0)',
+        "dataset = standardize_sharegpt(dataset)",  # Unsloth's helpers map with workers of their own
+        "dataset = chat_templates.standardize_data_formats(dataset)",
+        'trainer = train_on_responses_only(trainer, instruction_part="<|user|>", response_part="<|assistant|>")',
     ],
 )
 def test_every_dataset_builder_is_found(statement):

@@ -11,7 +11,9 @@ Which calls (a heuristic, since types are unknown before running):
 - `Dataset.from_*(...)` (also `DatasetDict`/`IterableDataset`): `from_dict`, `from_list`, `from_generator`, ...;
 - `<anything>.map(f, ...)` and `<anything>.filter(f, ...)` given a function, positionally or as
   `function=`; the builtins `map(f, xs)` and `filter(f, xs)` have no receiver and do not match. A
-  pandas `.map` also matches, which costs a barrier and nothing else.
+  pandas `.map` also matches, which costs a barrier and nothing else;
+- Unsloth's chat-template helpers that map a dataset inside, with workers of their own:
+  `standardize_sharegpt`, `standardize_data_formats` and `train_on_responses_only` (its trainer's datasets).
 
 Only statements that every rank runs are wrapped: not those in functions or classes (a function may
 be called on one rank only, and `main_process_first` waits for all of them), nor those under
@@ -31,12 +33,14 @@ from nbddp.export.rewrites.ddp_blocks import (
 )
 
 DATASET_CLASSES = {"Dataset", "DatasetDict", "IterableDataset", "IterableDatasetDict"}
+# unsloth.chat_templates helpers that call dataset.map themselves
+MAPPING_HELPERS = {"standardize_sharegpt", "standardize_data_formats", "train_on_responses_only"}
 SKIPPED_TAGS = {"rank0", "main-process-first"}  # whole cell already on one rank, or already wrapped
 
 
 def builds_dataset(call: cst.Call) -> bool:
     name = callee_name(call)
-    if name == "load_dataset":
+    if name == "load_dataset" or name in MAPPING_HELPERS:
         return True
     if name and name.startswith("from_") and receiver_name(call) in DATASET_CLASSES:
         return True
