@@ -150,7 +150,7 @@ EXPECTED_UNSLOTH_STYLE_REWRITES = [
     '[set-ddp-training-args] optim="adamw_8bit" -> ddp.optimizer("adamw_8bit")',
     "[guard-rank0-side-effects] model.save_pretrained() runs on the main process only",
     "[guard-inference-cell] the cell generates text (FastLanguageModel.for_inference): it runs on the main process",
-    "[show-cell-result] tokenizer.batch_decode(outputs) is shown once, as Jupyter shows a cell's last value",
+    "[show-cell-result] tokenizer.batch_decode(outputs) is shown once unless None, as Jupyter shows a cell's last value",
 ]
 
 

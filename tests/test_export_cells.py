@@ -40,9 +40,15 @@ def test_rank0_cell_is_guarded_then_followed_by_a_barrier():
 
 
 def test_main_process_first_cell_runs_inside_the_context_manager():
-    generated, entries = export_code_cell(cell("import os\nos.makedirs('cache', exist_ok=True)", "main-process-first"), STAGES)
-    assert generated.source == "with ddp.main_process_first():\n    import os\n    os.makedirs('cache', exist_ok=True)"
-    assert [str(entry) for entry in entries] == [f"notebooks/02_train.ipynb, cell 3: {cells_module.MAIN_PROCESS_FIRST_NOTE}"]
+    source = "import os\nos.makedirs('cache', exist_ok=True)\n"
+    generated, entries = export_code_cell(cell(source, "main-process-first"), STAGES)
+    assert generated.source == (
+        "with ddp.main_process_first():\n    import os\n    ddp.show(os.makedirs('cache', exist_ok=True))")
+    assert [str(entry) for entry in entries] == [
+        # the cell's last value: None here, so nothing shows, as in Jupyter
+        "notebooks/02_train.ipynb, cell 3, line 2: [show-cell-result] os.makedirs('cache', exist_ok=True) "
+        "is shown once unless None, as Jupyter shows a cell's last value",
+        f"notebooks/02_train.ipynb, cell 3: {cells_module.MAIN_PROCESS_FIRST_NOTE}"]
 
 
 def test_a_cell_of_only_comments_is_not_guarded():

@@ -3,6 +3,8 @@ from rewrite_case import assert_rewrites, assert_unchanged, run
 
 from nbddp.export.rewrites.show_cell_result import ShowCellResult
 
+SHOWN = "is shown once unless None, as Jupyter shows a cell's last value"
+
 
 def test_the_last_expression_is_shown_once():
     changes = assert_rewrites(
@@ -16,7 +18,7 @@ def test_the_last_expression_is_shown_once():
         ddp.show(tokenizer.batch_decode(outputs))  # the answer
         """,
     )
-    assert changes == [(2, "tokenizer.batch_decode(outputs) is shown once, as Jupyter shows a cell's last value")]
+    assert changes == [(2, f"tokenizer.batch_decode(outputs) {SHOWN}")]
 
 
 def test_only_the_last_statement_and_only_at_the_top_level():
@@ -47,4 +49,4 @@ def test_what_jupyter_does_not_show_or_prints_by_itself_is_left_alone(cell):
 def test_a_long_expression_is_named_by_its_first_line():
     code, changes = run(ShowCellResult, "tokenizer.apply_chat_template(\n    messages,\n    tokenize = False,\n)\n")
     assert code.startswith("ddp.show(tokenizer.apply_chat_template(")
-    assert changes == [(1, "tokenizer.apply_chat_template(... is shown once, as Jupyter shows a cell's last value")]
+    assert changes == [(1, f"tokenizer.apply_chat_template(... {SHOWN}")]

@@ -49,7 +49,7 @@ class ShowCellResult(Rewrite):
         if last is None:
             return updated_node
         self.record(original_node.body[-1],
-                    f"{_brief(code_of(last.value))} is shown once, as Jupyter shows a cell's last value")
+                    f"{_brief(code_of(last.value))} is shown once unless None, as Jupyter shows a cell's last value")
         statement = updated_node.body[-1]
         shown = last.with_changes(value=ddp_call("show", last.value))
         statement = statement.with_changes(body=[*statement.body[:-1], shown])
