@@ -1,7 +1,8 @@
 #!/bin/bash
 # One device call: unpack the GPU site packages, record the machine, run the bench harness.
 #   bash bench/gpu_call.sh DEADLINE_S EXPERIMENT[,EXPERIMENT...]      (repository root, $OUT set)
-# Results: $OUT/<experiment>.json, $OUT/logs.tgz, $OUT/log (this script's output).
+# Results: $OUT/<experiment>.json, $OUT/logs.tgz, $OUT/log (this script's output), and $OUT/<first>_warmup.json
+# from the short untimed trial that opens the call (bench.harness.warm_up_experiment; not a result).
 # The host gets no .git: set BENCH_COMMIT to the commit of the tree you sent, for the results files.
 set -o pipefail
 deadline=${1:?deadline in seconds}

@@ -11,6 +11,7 @@ at the deadline is stopped. `<out>/<experiment>.json` is rewritten after every t
 logs end up in `<out>/logs.tgz`.
 """
 import argparse
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -279,6 +280,17 @@ def write_json(path, value):
     os.replace(tmp, path)
 
 
+def warm_up_experiment(experiment, steps=12):
+    """One short untimed trial to open a call with: the first variant in the round's order that uses the most GPUs.
+    The first multi-GPU trial of every device call ran the slowest of its script (five calls, both scripts), which
+    biases the first round's ratios; this trial takes that hit instead. Its results file is `<name>_warmup.json`."""
+    most = max(experiment.variants[label].gpus for label in experiment.order)
+    label = next(label for label in experiment.order if experiment.variants[label].gpus == most)
+    return dataclasses.replace(
+        experiment, name=f"{experiment.name}_warmup", description=f"warm-up trial before {experiment.name} (untimed)",
+        steps=steps, warmup_steps=steps // 3, profile_steps=0, order=(label,), rounds=1, comparisons=())
+
+
 class Runner:
     """Launches trials (several at once when they use different GPUs) and enforces the deadline."""
 
@@ -392,6 +404,8 @@ def main():
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench"), help="models, data and trial folders")
     parser.add_argument("--stop-on-failure", action="store_true",
                         help="run nothing more once a trial fails (keeps device time for a fixed rerun)")
+    parser.add_argument("--no-warm-up", action="store_true",
+                        help="skip the short untimed trial that opens the call (see warm_up_experiment)")
     args = parser.parse_args()
     start = time.time()
     names = args.experiments.split(",")
@@ -414,6 +428,8 @@ def main():
     print(f"[bench] inputs ready after {time.time() - start:.0f}s", flush=True)
     runner = Runner(args.out, args.work, start + args.deadline_s, models, data, matmul, env_info,
                     args.stop_on_failure)
+    if not args.no_warm_up:
+        runner.run_round(warm_up_experiment(chosen[0]), 0)
     for round_index in range(max(e.rounds for e in chosen)):
         for experiment in chosen:
             if round_index < experiment.rounds and not (runner.failures and args.stop_on_failure):

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from bench import experiments as plan
-from bench.harness import keep_in_logs, script_flags, summarize_experiment, summarize_trial, too_few_gpus
+from bench.harness import (keep_in_logs, script_flags, summarize_experiment, summarize_trial, too_few_gpus,
+                           warm_up_experiment)
 
 EXPERIMENT = plan.Experiment(
     name="toy", description="", shape="llama-1.1b", micro_batch=4, steps=6, warmup_steps=2,
@@ -164,3 +165,12 @@ def test_experiments_that_need_more_gpus_than_the_machine_has_are_named():
     chosen = [plan.EXPERIMENTS["scaling_8b"], plan.EXPERIMENTS["scaling_8b_4gpu"]]
     assert too_few_gpus(chosen, 4) == ""
     assert too_few_gpus(chosen, 2) == "scaling_8b_4gpu needs 4"
+
+
+def test_a_call_opens_with_a_short_trial_of_the_first_variant_that_uses_the_most_gpus():
+    warm = warm_up_experiment(plan.EXPERIMENTS["profile_1b"])
+    assert (warm.name, warm.order, warm.rounds) == ("profile_1b_warmup", ("2gpu",), 1)
+    assert (warm.steps, warm.profile_steps) == (12, 0)
+    assert warm.comparisons == () and warm.steps > warm.warmup_steps
+    assert warm_up_experiment(plan.EXPERIMENTS["scaling_8b_4gpu"]).order == ("generated_4gpu",)
+    assert warm_up_experiment(plan.EXPERIMENTS["backends_qlora_8b"]).order == ("unsloth",)  # one GPU each
