@@ -49,7 +49,7 @@ def test_malformed_json_names_the_file_and_line(tmp_path):
 def test_invalid_notebook_names_the_cell(tmp_path):
     path = write_stage(tmp_path, "01_data.ipynb", [code("a = 1"), code("b = 2")])
     notebook = json.loads(path.read_text())
-    del notebook["cells"][1]["outputs"]
+    del notebook["cells"][1]["source"]
     path.write_text(json.dumps(notebook))
     with pytest.raises(NotebookError, match="not a valid notebook") as error:
         read_stage(path)
@@ -77,6 +77,15 @@ def test_a_malformed_cell_id_is_still_an_error_naming_the_cell(tmp_path):
     with pytest.raises(NotebookError, match="not a valid notebook") as error:
         read_stage(path)
     assert error.value.cell == 2
+
+
+def test_outputs_the_schema_refuses_do_not_matter(tmp_path):
+    path = write_stage(tmp_path, "01_data.ipynb", [code("print(1)")])
+    notebook = json.loads(path.read_text())
+    notebook["cells"][0]["outputs"] = [  # as Colab saves it: stream outputs carry no metadata in nbformat 4
+        {"metadata": {"tags": None}, "name": "stdout", "output_type": "stream", "text": ["1\n"]}]
+    path.write_text(json.dumps(notebook))
+    assert [cell.source for cell in read_stage(path).cells] == ["print(1)"]
 
 
 def test_unknown_tag_suggests_the_closest_known_tag(tmp_path):

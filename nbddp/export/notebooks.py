@@ -94,6 +94,11 @@ def _read_notebook(path: Path):
             # Colab and other editors write cell ids (nbformat 4.5) into notebooks marked 4.0-4.4; Jupyter opens
             # them, so read them as 4.5 notebooks, whose schema still checks every id.
             notebook.nbformat_minor = CELL_IDS_MINOR
+        for cell in notebook.cells:
+            if cell.cell_type == "code":
+                # Export never reads outputs, and Colab saves some that the schema refuses (`metadata` in a
+                # stream output): a notebook Jupyter opens must not be refused for them.
+                cell.outputs = []
         nbformat.validate(notebook)
     except nbformat.ValidationError as err:
         path_in_notebook = list(err.absolute_path)

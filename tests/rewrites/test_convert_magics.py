@@ -127,6 +127,32 @@ def test_continued_magic_lines_keep_the_following_lines_in_place():
     assert [line for line, _ in changes] == [1, 4]
 
 
+def test_a_cell_magic_after_colab_form_lines_is_read_as_colab_runs_it():
+    code, changes = convert(
+        """\
+        #@title Colab Extra Install { display-mode: "form" }
+        %%capture
+        import os
+        !pip install --upgrade -qqq uv
+        """
+    )
+    assert code == dedent(
+        """\
+        #@title Colab Extra Install { display-mode: "form" }
+        # nbddp: dropped %%capture
+        import os
+        # nbddp: dropped !pip install --upgrade -qqq uv
+        """
+    )
+    assert [line for line, _ in changes] == [2, 4]
+
+
+def test_a_cell_magic_after_an_ordinary_comment_is_still_an_error():
+    # IPython reads it as the line magic `%%capture`, which does not exist: the cell fails in Jupyter too.
+    error = convert_error("# install\n%%capture\nimport os\n")
+    assert error.line == 2 and "%%capture" in str(error)
+
+
 def test_leading_blank_lines_are_kept():
     code, changes = convert("\n\n%matplotlib inline\nx = 1\n")
     assert code == "\n\n# nbddp: dropped %matplotlib inline\nx = 1\n"

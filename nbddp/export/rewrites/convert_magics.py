@@ -51,6 +51,7 @@ PACKAGE_MAGICS = {"pip", "uv", "conda", "mamba", "micromamba"}
 INTERACTIVE_MAGICS = {"matplotlib", "autoreload"}
 ENV_MAGICS = {"env", "set_env"}
 BODY_CELL_MAGICS = {"capture", "time"}
+COLAB_FORM = "#@"  # Colab's form annotations: `#@title Install { display-mode: "form" }`, `x = 1  #@param`
 
 
 def to_python(source: str) -> str:
@@ -58,13 +59,15 @@ def to_python(source: str) -> str:
 
     IPython drops leading blank lines and joins `\\`-continued magics into one line; both are put
     back (blank lines) so that line N of the result is line N of the cell. A cell magic turns the
-    whole cell into one call; `ConvertMagics` puts its body back on its lines.
+    whole cell into one call; `ConvertMagics` puts its body back on its lines. Colab's form lines
+    (`#@title ...`, `#@markdown ...`) may come before a cell magic, as Colab runs it: they stay as
+    comments above it.
     """
     lines = source.splitlines(keepends=True)
-    blank = 0
-    while blank < len(lines) and not lines[blank].strip():
-        blank += 1
-    head, rest = lines[:blank], lines[blank:]
+    lead = 0
+    while lead < len(lines) and (not lines[lead].strip() or lines[lead].lstrip().startswith(COLAB_FORM)):
+        lead += 1
+    head, rest = lines[:lead], lines[lead:]
     if not rest:
         return source
     code = TransformerManager().transform_cell("".join(rest)).splitlines(keepends=True)
