@@ -46,7 +46,8 @@ def test_display_statements_are_guarded_without_a_barrier(statement):
 
 
 @pytest.mark.parametrize(
-    "save", ['model.save_pretrained_merged("m", tokenizer, save_method="merged_16bit")', 'model.push_to_hub_gguf("me/m", t)']
+    "save", ['model.save_pretrained_merged("m", tokenizer, save_method="merged_16bit")', 'model.push_to_hub_gguf("me/m", t)',
+             'model.save_lora("grpo_saved_lora")']
 )
 def test_unsloth_saves_get_a_barrier(save):
     code, _ = run(GuardRank0SideEffects, f"{save}\n")

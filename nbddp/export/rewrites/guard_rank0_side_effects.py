@@ -1,7 +1,7 @@
 """Printing, plotting and saving happen once, on the main process.
 
-A statement that only calls `print`, `pprint`, `display`, `plt.show`, `*.savefig`, `*.save_pretrained*`
-or `*.push_to_hub*` (Unsloth's `save_pretrained_merged`, `push_to_hub_gguf`, ... included) becomes
+A statement that only calls `print`, `pprint`, `display`, `plt.show`, `*.savefig`, `*.save_pretrained*`,
+`*.push_to_hub*` (Unsloth's `save_pretrained_merged`, `push_to_hub_gguf`, ... included) or `*.save_lora` becomes
 `if ddp.is_main_process:` + the statement, wherever it is; consecutive ones share one `if`. After a
 guarded save or push at the cell's top level comes `ddp.barrier()`, so no rank reads a half-written
 save. A trainer's own `trainer.save_model()`/`trainer.push_to_hub()` save on rank 0 by themselves and
@@ -26,7 +26,7 @@ from nbddp.export.rewrites.ddp_blocks import (
 )
 
 DISPLAY_FUNCTIONS = {"print", "pprint", "display"}
-SAVE_PREFIXES = ("save_pretrained", "push_to_hub")
+SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora")  # save_lora: Unsloth's, for vLLM (GRPO notebooks)
 
 
 def is_save(call: cst.Call) -> bool:
