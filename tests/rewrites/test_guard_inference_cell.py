@@ -58,6 +58,22 @@ def test_every_kind_of_generation_is_found(line):
     assert [number for number, _ in changes] == [2]
 
 
+def test_rebinding_a_name_from_its_old_value_gets_a_note():
+    code, changes = run(GuardInferenceCell, """\
+        tokenizer = get_chat_template(
+            tokenizer,
+            chat_template = "llama-3.1",
+        )
+        messages = [{"role": "user", "content": "Continue: 1, 1, 2, 3, 5, 8,"}]
+        inputs = tokenizer.apply_chat_template(messages, return_tensors = "pt").to(ddp.device)
+        outputs = model.generate(input_ids = inputs, max_new_tokens = 64)
+        """)
+    assert code.startswith("if ddp.is_main_process:\n    tokenizer = get_chat_template(")
+    assert changes[1:] == [(1, "`tokenizer` is rebound from its old value on the main process only; the other "
+                               "ranks keep the old `tokenizer` (move that line to a cell of its own to run it on "
+                               "every rank)")]
+
+
 def test_generation_nested_in_a_loop_guards_the_whole_cell():
     before = "for prompt in prompts:\n    if prompt:\n        print(model.generate(prompt))\n"
     code, changes = run(GuardInferenceCell, before)

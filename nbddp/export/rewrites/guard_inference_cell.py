@@ -9,7 +9,9 @@ times). A cell generates text when it calls `*.generate(...)`, `FastLanguageMode
 A cell that also makes a collective call (`trainer.train()`, `ddp.barrier()`, ...) is left for all
 ranks with a note: guarding it would leave the other ranks waiting forever. Generation inside a
 function the cell only defines does not count. Names the wrapped cell assigns exist on the main
-process only; a later cell that needs them on every rank must not read them.
+process only; a later cell that needs them on every rank must not read them. A top-level statement
+that rebinds a name from its own old value (`tokenizer = get_chat_template(tokenizer, ...)`) gets a
+note: from there on the ranks disagree on what the name holds.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -88,4 +90,22 @@ class GuardInferenceCell(Rewrite):
         generation = code_of(first.func)
         message = f"the cell generates text ({generation}): it runs on the main process only, then ddp.barrier()"
         self.record(first, message)
+        for statement, name in _rebindings(original_node):
+            self.record(statement, f"`{name}` is rebound from its old value on the main process only; the other "
+                                   f"ranks keep the old `{name}` (move that line to a cell of its own to run it on "
+                                   "every rank)")
         return rank0_block(updated_node)
+
+
+def _rebindings(module: cst.Module) -> list[tuple[cst.SimpleStatementLine, str]]:
+    """Top-level `name = f(name, ...)` lines: they change a value the rest of the pipeline already holds."""
+    found = []
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Assign):
+                targets = {t.target.value for t in small.targets if isinstance(t.target, cst.Name)}
+                read = {name.value for name in m.findall(small.value, m.Name())}
+                found += [(statement, name) for name in sorted(targets & read)]
+    return found
