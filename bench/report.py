@@ -72,10 +72,11 @@ def comparison_table(result):
 
 def profile_table(result):
     """Per profiled trial and rank, ms per step: wall, GPU busy, compute alone, inside collectives, idle; "" when
-    no trial was profiled."""
-    rows = []
+    no trial was profiled (every trial of an experiment profiles the same steps)."""
+    rows, profiled_steps = [], None
     for t in result["trials"]:
         for rank, profile in sorted((t.get("profile") or {}).items()):
+            profiled_steps = profile["profiled_steps"]
             for device, d in sorted(profile["devices"].items()):
                 rows.append(f"| {t['label']} | {t['round'] + 1} | {rank} (GPU {device}) | "
                             f"{profile['wall_ms_per_step']:.1f} | {d['kernel_busy_ms_per_step']:.1f} | "
@@ -83,9 +84,8 @@ def profile_table(result):
                             f"{d['idle_ms_per_step']:.1f} |")
     if not rows:
         return ""
-    steps = next(t["profile"] for t in result["trials"] if t.get("profile"))
-    first, last = next(iter(steps.values()))["profiled_steps"]
-    return (f"Profiled steps {first}–{last} (after the timed ones), ms per step:\n\n"
+    first, last = profiled_steps
+    return (f"\nProfiled steps {first}–{last} (after the timed ones), ms per step:\n\n"
             "| variant | round | rank | wall | GPU busy | compute kernels | in collectives | idle |\n"
             "| --- | --- | --- | --- | --- | --- | --- | --- |\n" + "\n".join(rows) + "\n")
 
@@ -100,8 +100,7 @@ def markdown(results):
                      f"{'side by side' if setup['concurrent'] else 'one trial at a time'}; "
                      f"{len(result.get('calls') or [result.get('environment')])} device call(s); the memory model's "
                      f"checkpointing choice for this shape: {setup['checkpointing_choice']['chosen']}.\n\n"
-                     + variant_table(result) + "\n\n" + comparison_table(result) + "\n"
-                     + (f"\n{profile_table(result)}" if profile_table(result) else ""))
+                     + variant_table(result) + "\n\n" + comparison_table(result) + "\n" + profile_table(result))
     return "\n".join(parts)
 
 
