@@ -6,6 +6,7 @@ rank has arrived, so a rank that waits for a slower one shows it as collective t
 kernels (the host did not queue work in time)? It reads the Chrome trace that torch.profiler exports:
 kernel events have "cat": "kernel", "ts" and "dur" in microseconds and "args": {"device": N}.
 """
+import gzip
 import json
 from collections import defaultdict
 
@@ -62,5 +63,6 @@ def _is_collective(event):
 
 
 def summarize_trace_file(path, wall_ms, steps):
-    with open(path) as stream:
+    """`summarize_trace` of a gzipped Chrome trace file (`export_chrome_trace("<name>.json.gz")`)."""
+    with gzip.open(path, "rt") as stream:
         return summarize_trace(json.load(stream), wall_ms, steps)

@@ -16,12 +16,10 @@ With `profile_steps=(first, last)`, torch.profiler records steps first..last (th
 the timed steps) and each rank writes `rank<R>_profile.json` (bench.profile_summary: busy, collective and
 idle time per GPU), `rank<R>_ops.txt` (the profiler's operator table) and `rank<R>_trace.json.gz`.
 """
-import gzip
 import importlib.abc
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -202,11 +200,8 @@ class Report:
         first, last = self.profile_steps
         prefix = os.path.join(self.result_dir, f"rank{rank}")
         os.makedirs(self.result_dir, exist_ok=True)
-        self.profiler.export_chrome_trace(prefix + "_trace.json")
-        summary = summarize_trace_file(prefix + "_trace.json", wall_ms, last - first + 1)
-        with open(prefix + "_trace.json", "rb") as raw, gzip.open(prefix + "_trace.json.gz", "wb") as packed:
-            shutil.copyfileobj(raw, packed)
-        os.remove(prefix + "_trace.json")
+        self.profiler.export_chrome_trace(prefix + "_trace.json.gz")  # torch gzips a path ending in .gz
+        summary = summarize_trace_file(prefix + "_trace.json.gz", wall_ms, last - first + 1)
         with open(prefix + "_ops.txt", "w") as out:
             sort_by = "self_device_time_total" if self.cuda else "self_cpu_time_total"
             out.write(self.profiler.key_averages().table(sort_by=sort_by, row_limit=40))
