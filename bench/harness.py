@@ -89,11 +89,17 @@ def trial_env(experiment, variant, gpus, result_dir):
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     env["BENCH_RESULT_DIR"] = str(result_dir)
     env["BENCH_DDP_KWARGS"] = json.dumps(variant.ddp)
-    if experiment.profile_steps:
-        env["BENCH_PROFILE_STEPS"] = f"{experiment.steps + 1}-{experiment.steps + experiment.profile_steps}"
+    env.update(profile_env(experiment))
     env.update(variant.env)
     env.update(SAFE_ENV)
     return env
+
+
+def profile_env(experiment):
+    """{"BENCH_PROFILE_STEPS": "FIRST-LAST"} for the steps after the timed ones (bench.timed_run); {} without."""
+    if not experiment.profile_steps:
+        return {}
+    return {"BENCH_PROFILE_STEPS": f"{experiment.steps + 1}-{experiment.steps + experiment.profile_steps}"}
 
 
 def environment(gpu_memory):
@@ -344,8 +350,7 @@ class Runner:
             command = trial_command(variant, flags)
             env = trial_env(experiment, variant, gpus, trial_dir)
             env["BENCH_T0"] = repr(time.time())
-            env_shown = {**variant.env, "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"],
-                         **{k: env[k] for k in ("BENCH_PROFILE_STEPS",) if k in env}}
+            env_shown = {**variant.env, "CUDA_VISIBLE_DEVICES": env["CUDA_VISIBLE_DEVICES"], **profile_env(experiment)}
             trial = {"label": label, "round": round_index, "gpus": list(gpus), "dir": str(trial_dir),
                      "command": " ".join(f"{k}={v}" for k, v in env_shown.items()) + " " + shlex.join(["python3", *command[1:]]),
                      "ddp_overrides": variant.ddp,
