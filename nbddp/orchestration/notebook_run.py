@@ -39,7 +39,7 @@ class NotebookRunFailed(NotebookError):
 @dataclass(frozen=True)
 class NotebookRun:
     executed: Path
-    html: Path
+    html: Path | None  # None when nbconvert could not render it
     wall_time_s: float
 
 
@@ -71,7 +71,7 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
         log = out_dir / PAPERMILL_LOG
         raise NotebookRunFailed(script, f"papermill exited with status {status} before running any cell"
                                         f"{_last_line(log)}", hint=f"papermill's output: {log}")
-    render_html(executed, html)
+    html = render_html(executed, html)
     if status != 0:
         raise _located_failure(script, executed, status, timeout)
     return NotebookRun(executed, html, wall_time_s)
@@ -90,12 +90,20 @@ def papermill_command(given, executed, parameters, out_dir, timeout, progress):
 
 
 def render_html(executed, html):
-    """An HTML rendering of the executed notebook, for reading the run in a browser."""
+    """An HTML rendering of the executed notebook, for reading the run in a browser: `html`, or None with a
+    warning when nbconvert cannot render it. The executed notebook is the record, so the run goes on."""
     from nbconvert import HTMLExporter  # slow to import; only needed once a notebook ran
 
     resources = {"metadata": {"name": Path(executed).stem}}  # the page title
-    body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4), resources=resources)
+    try:
+        body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4), resources=resources)
+    except (ValueError, OSError) as error:  # its templates missing: an nbconvert installed without data files
+        print(f"nbddp: warning: no HTML rendering of {executed} ({error.__class__.__name__}: "
+              f"{str(error).splitlines()[0]}); reinstall nbconvert with pip to get its templates",
+              file=sys.stderr, flush=True)
+        return None
     files.write_text(html, body)
+    return html
 
 
 def _located_failure(script, executed, status, timeout):

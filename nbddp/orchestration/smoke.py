@@ -22,7 +22,7 @@ SMOKE_DEFAULTS = {"max_steps": 3}
 class SmokeResult:
     run_dir: Path
     executed: Path
-    html: Path
+    html: Path | None
     parameters: dict
     metrics: Path | None
 
@@ -57,7 +57,8 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir):
     print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}", flush=True)
     run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout)
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
-    print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}, HTML {run.html}", flush=True)
+    html = f", HTML {run.html}" if run.html else ""
+    print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}{html}", flush=True)
     return result
 
 

@@ -80,3 +80,29 @@ def test_papermill_failing_outside_any_cell_says_why(workdir):
     notebook.metadata.kernelspec = {"name": "nosuchkernel", "display_name": "x", "language": "python"}
     with pytest.raises(NotebookRunFailed, match="papermill exited with status 1: .*No such kernel named nosuchkernel"):
         run_notebook(notebook, workdir / "train_fixture.py", {}, workdir, "", timeout=60, progress=False)
+
+
+def test_a_notebook_nbconvert_cannot_render_is_still_a_run(tmp_path, monkeypatch, capsys):
+    # nbconvert unpacked without its data files (templates) raises ValueError: the run must not fail for it.
+    import nbconvert
+    import nbformat
+
+    class TemplatesMissing:
+        def from_notebook_node(self, *args, **kwargs):
+            raise ValueError("No template sub-directory with name 'lab' found in the following paths:\n\t/x")
+
+    monkeypatch.setattr(nbconvert, "HTMLExporter", TemplatesMissing)
+    executed = tmp_path / "train.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(), executed)
+    assert notebook_run.render_html(executed, tmp_path / "train.html") is None
+    assert not (tmp_path / "train.html").exists()
+    assert "no HTML rendering of" in capsys.readouterr().err
+
+
+def test_render_html_writes_the_page(tmp_path):
+    import nbformat
+
+    executed = tmp_path / "train.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("marker_name = 1")]), executed)
+    html = notebook_run.render_html(executed, tmp_path / "train.html")
+    assert html == tmp_path / "train.html" and "marker_name" in html.read_text()
