@@ -176,6 +176,21 @@ EXPERIMENTS = {
             "threads_8b_qlora", "QLoRA 8B scaling (scaling_8b_qlora: 0.918) with the threads equal. Unsloth QLoRA.",
             "llama3-8b", 2, UNSLOTH_QLORA),
         Experiment(
+            name="batch_1b",
+            description="Whether more GPU work per step closes the 1.1B shape's 2-GPU gap (profile_1b: 102 ms of "
+                        "kernels per step against 127-219 ms steps, the rest host time that varies from trial to "
+                        "trial): micro batch 4 and 8, 1 vs 2 GPUs, with the CPU threads `pipeline.py launch` "
+                        "gives (all cores for one process, half each for two). Unsloth bf16 LoRA.",
+            shape="llama-1.1b", micro_batch=4, steps=40, warmup_steps=8,
+            variants={"2gpu": Variant("generated", 2, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "16"}),
+                      "1gpu": Variant("generated", 1, UNSLOTH_BF16),
+                      "2gpu_mb8": Variant("generated", 2, {**UNSLOTH_BF16, "per_device_train_batch_size": 8},
+                                          env={"OMP_NUM_THREADS": "16"}),
+                      "1gpu_mb8": Variant("generated", 1, {**UNSLOTH_BF16, "per_device_train_batch_size": 8})},
+            order=("2gpu", "1gpu", "2gpu_mb8", "1gpu_mb8"), rounds=2,
+            comparisons=(("2gpu", "1gpu"), ("2gpu_mb8", "1gpu_mb8"), ("1gpu_mb8", "1gpu")),
+        ),
+        Experiment(
             name="gap_1b",
             description="Suspects for the 2-GPU gap on the 1.1B shape, one interleaved run: OMP threads, DDP bucket "
                         "view/static graph/bucket size and padded batches on the generated script (baseline "

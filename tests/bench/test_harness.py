@@ -110,6 +110,8 @@ def test_logs_keep_metrics_but_not_saved_weights():
     assert keep_in_logs(info("trials/x/00_a/log.txt"))
     assert keep_in_logs(info("trials/x/00_a/output/metrics.jsonl"))
     assert keep_in_logs(info("trials/x/00_a/output/adapter_model.safetensors")) is None
+    assert keep_in_logs(info("trials/x/00_a/rank0_profile.json"))
+    assert keep_in_logs(info("trials/x/00_a/rank0_trace.json.gz")) is None
 
 
 def test_every_planned_experiment_is_consistent():
