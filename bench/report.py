@@ -141,37 +141,50 @@ def other_points(results):
     return points
 
 
-def plot(points, path, others=()):
-    """Speed-up over one GPU (so shapes of any size share the axes), measured and, without a 4-GPU measurement,
-    projected; `others`: (name, GPUs, speed-up) marked with crosses."""
+def panels_by_shape(results):
+    """(shape, scaling points, other points) per model shape, largest shape first: one plot panel each, since a
+    host-bound small shape and a GPU-bound large one scale for different reasons."""
+    shapes = sorted({r["setup"]["shape"] for r in results.values()}, reverse=True)  # llama3-8b before llama-1.1b
+    panels = []
+    for shape in shapes:
+        subset = {name: r for name, r in results.items() if r["setup"]["shape"] == shape}
+        if points := scaling_points(subset):
+            panels.append((shape, points, other_points(subset)))
+    return panels
+
+
+def plot(panels, path):
+    """One panel per shape (`panels_by_shape`): speed-up over one GPU, measured and, without a 4-GPU measurement,
+    projected; the other multi-GPU variants as crosses."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7.2, 4.6))
-    most_gpus = max([4] + [n for _, by_gpus, _ in points for n in by_gpus])
-    axis.plot([1, most_gpus], [1, most_gpus], ":", color="grey", label="ideal (efficiency 1)")
-    for name, by_gpus, efficiencies in points:
-        counts = sorted(by_gpus)
-        one, most = by_gpus[1], counts[-1]
-        efficiency = efficiencies[most]
-        line, = axis.plot(counts, [by_gpus[n] / one for n in counts], "o-",
-                          label=f"{name} (eff. {efficiency:.2f} at {most})")
-        if most == 2:  # no 4-GPU measurement: project one
-            four = 4 * projected_efficiency(efficiency)
-            axis.plot([2, 4], [by_gpus[2] / one, four], "o--", color=line.get_color(), alpha=0.6)
-            axis.annotate(f"{projected_efficiency(efficiency):.2f}", (4, four), textcoords="offset points",
-                          xytext=(6, -3), fontsize=7, color=line.get_color())
-    for name, gpus, speedup in others:
-        axis.plot([gpus], [speedup], "x", markersize=8, label=name)
-    axis.set_xticks([1, 2, 4] + sorted({n for _, by_gpus, _ in points for n in by_gpus if n > 4}))
-    axis.set_xlim(0.8, most_gpus + 0.6)
-    axis.set_xlabel("GPUs (H200, same per-GPU batch); dashed: projected, labelled with its efficiency")
-    axis.set_ylabel("speed-up over 1 GPU (tokens/s ratio)")
-    axis.set_title("DDP scaling of the generated script")
-    axis.legend(fontsize=6, loc="upper left")
-    axis.grid(alpha=0.3)
+    figure, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.8), squeeze=False)
+    for axis, (shape, points, others) in zip(axes[0], panels):
+        most_gpus = max([4] + [n for _, by_gpus, _ in points for n in by_gpus])
+        axis.plot([1, most_gpus], [1, most_gpus], ":", color="grey", label="ideal (efficiency 1)")
+        for name, by_gpus, efficiencies in points:
+            counts = sorted(by_gpus)
+            one, most = by_gpus[1], counts[-1]
+            efficiency = efficiencies[most]
+            line, = axis.plot(counts, [by_gpus[n] / one for n in counts], "o-",
+                              label=f"{name} (eff. {efficiency:.2f} at {most})")
+            if most == 2:  # no 4-GPU measurement: project one
+                four = 4 * projected_efficiency(efficiency)
+                axis.plot([2, 4], [by_gpus[2] / one, four], "o--", color=line.get_color(), alpha=0.6)
+                axis.annotate(f"{projected_efficiency(efficiency):.2f}", (4, four), textcoords="offset points",
+                              xytext=(6, -3), fontsize=7, color=line.get_color())
+        for name, gpus, speedup in others:
+            axis.plot([gpus], [speedup], "x", markersize=8, label=name)
+        axis.set_xticks([1, 2, 4] + sorted({n for _, by_gpus, _ in points for n in by_gpus if n > 4}))
+        axis.set_xlim(0.8, most_gpus + 0.6)
+        axis.set_xlabel("GPUs (H200, same per-GPU batch); dashed: projected,\nlabelled with its efficiency")
+        axis.set_ylabel("speed-up over 1 GPU (tokens/s ratio)")
+        axis.set_title(f"DDP scaling of the generated script: {shape}")
+        axis.legend(fontsize=6, loc="upper left")
+        axis.grid(alpha=0.3)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -214,7 +227,7 @@ def main():
     results = load(args.results)
     print(markdown(results))
     if args.plot:
-        plot(scaling_points(results), args.plot, other_points(results))
+        plot(panels_by_shape(results), args.plot)
     if args.step_plots:
         args.step_plots.mkdir(parents=True, exist_ok=True)
         for name, result in results.items():

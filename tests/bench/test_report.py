@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from bench.report import load, markdown, other_points, plot, projected_efficiency, scaling_points, step_time_plot
+from bench.report import (load, markdown, other_points, panels_by_shape, plot, projected_efficiency, scaling_points,
+                          step_time_plot)
 
 
 def result(one=40_000.0, two=76_000.0):
@@ -36,7 +37,7 @@ def test_markdown_and_plot_from_results_files(tmp_path):
     points = scaling_points(results)
     assert points == [("scaling_toy: g1 scaled", {1: 40_000.0, 2: 76_000.0}, {2: pytest.approx(0.95)})]
     assert other_points(results) == []  # the only 2-GPU variant is the scaled one
-    plot(points, tmp_path / "scaling.png", [("reference", 2, 2.0)])
+    plot([("toy", points, [("reference", 2, 2.0)])], tmp_path / "scaling.png")
     assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -74,3 +75,13 @@ def test_profiled_trials_get_a_table_of_where_the_step_went(tmp_path):
     text = markdown({"toy": profiled})
     assert "Profiled steps 41–43" in text
     assert "| g2 | 1 | rank1 (GPU 1) | 182.5 | 150.0 | 110.0 | 40.0 | 32.5 |" in text
+
+
+def test_the_scaling_plot_has_a_panel_per_shape_largest_first(tmp_path):
+    small, large = result(), result()
+    small["setup"]["shape"], large["setup"]["shape"] = "llama-1.1b", "llama3-8b"
+    panels = panels_by_shape({"gap_small": small, "scaling_large": large})
+    assert [(shape, [name for name, _, _ in points]) for shape, points, _ in panels] == [
+        ("llama3-8b", ["scaling_large: g1 scaled"]), ("llama-1.1b", ["gap_small: g1 scaled"])]
+    plot(panels, tmp_path / "scaling.png")
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
