@@ -29,7 +29,7 @@ import torch
 
 from nbddp.errors import UsageError
 from nbddp.runtime.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
-                                           shape_from_model)
+                                           format_gib, shape_from_model)
 
 PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
 UNSLOTH_MIN_OFFLOAD_SEQ = 512  # below this Unsloth recomputes as "true" (offloading is not worth it there)
@@ -88,7 +88,7 @@ class CheckpointingChoice:
         text = f"gradient checkpointing {self.mode} ({self.reason})"
         if not self.estimates:
             return text
-        each = ", ".join(f"{mode} {estimate['total_gib']:.1f}" for mode, estimate in self.estimates.items())
+        each = ", ".join(f"{mode} {format_gib(estimate['total_gib'])}" for mode, estimate in self.estimates.items())
         return (f"{text}; estimated peak per GPU for batch {self.micro_batch} x {self.seq_len} tokens: {each} GiB; "
                 f"budget {self.budget_gib:.1f} GiB ({HEADROOM:.0%} of {self.capacity_gib:.1f} GiB free)")
 

@@ -13,7 +13,7 @@ trainer's per-device batch and `max_length` against those the choice assumed.
 import torch
 from transformers import TrainerCallback
 
-from nbddp.runtime.memory_estimate import GIB, estimate_peak
+from nbddp.runtime.memory_estimate import GIB, estimate_peak, format_gib
 
 CLOSE_TO_LIMIT = 0.90  # reserved peak over this share of the GPU after step 1: little left for longer rows
 
@@ -54,9 +54,9 @@ class FirstStepMemoryCheck(TrainerCallback):
 def first_step_report(mode: str, estimate_gib: float | None, peak_gib: float, reserved_gib: float,
                       total_gib: float, device: str) -> tuple[str, str | None]:
     """(the line that compares measured and estimated memory, a warning or None when the GPU is nearly full)."""
-    estimated = f"estimated {estimate_gib:.1f} GiB" if estimate_gib is not None else "no estimate"
-    report = (f"after step 1: peak {peak_gib:.1f} GiB allocated ({estimated} with gradient checkpointing {mode}), "
-              f"{reserved_gib:.1f} GiB reserved of {total_gib:.1f} GiB on {device}")
+    estimated = f"estimated {format_gib(estimate_gib)} GiB" if estimate_gib is not None else "no estimate"
+    report = (f"after step 1: peak {format_gib(peak_gib)} GiB allocated ({estimated} with gradient checkpointing "
+              f"{mode}), {format_gib(reserved_gib)} GiB reserved of {total_gib:.1f} GiB on {device}")
     if reserved_gib < CLOSE_TO_LIMIT * total_gib:
         return report, None
     advice = ("lower --per_device_train_batch_size or --max_seq_length" if mode == "unsloth"

@@ -35,6 +35,12 @@ TRANSFORMERS_PEFT_4BIT_ACTIVATIONS = 2.4
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
+def format_gib(gib: float) -> str:
+    """A memory figure for a message: one decimal from 1 GiB up, two significant digits below (a tiny model's
+    0.084 GiB peak is not "0.1", nor its 0.0031 GiB estimate "0.0")."""
+    return f"{gib:.1f}" if gib >= 1 else f"{gib:.2g}"
+
+
 @dataclass(frozen=True)
 class ModelShape:
     """What the estimate needs to know about a model: its decoder's widths, and the bytes its weights take."""

@@ -27,6 +27,13 @@ def test_report_puts_measured_next_to_estimated():
     assert warning is None
 
 
+def test_a_tiny_models_memory_keeps_two_significant_digits():
+    # The default job on an H200 printed "peak 0.1 GiB allocated (estimated 0.0 GiB ...)", as if the estimate failed.
+    report, _ = first_step_report("off", 0.0031, 0.0839844, 0.09375, 139.8, "cuda:0")
+    assert report == ("after step 1: peak 0.084 GiB allocated (estimated 0.0031 GiB with gradient checkpointing "
+                      "off), 0.094 GiB reserved of 139.8 GiB on cuda:0")
+
+
 @pytest.mark.parametrize("mode, advice", [("off", "use --use_gradient_checkpointing true or unsloth"),
                                           ("unsloth", "lower --per_device_train_batch_size")])
 def test_report_warns_near_the_limit(mode, advice):
