@@ -191,6 +191,21 @@ EXPERIMENTS = {
             comparisons=(("2gpu", "1gpu"), ("2gpu_mb8", "1gpu_mb8"), ("1gpu_mb8", "1gpu")),
         ),
         Experiment(
+            name="bucket_8b_qlora",
+            description="Whether the QLoRA 8B 2-GPU gap (0.93 over 6 pairs) is NCCL's waiting kernels running beside "
+                        "backward compute (threads_8b_qlora: the rank that waited 289 ms per step in the all-reduce "
+                        "ran its compute kernels 12% slower): DDP's default 25 MB buckets, all-reduced during "
+                        "backward, against one bucket all-reduced after it (168 MB of LoRA gradients, under 1 ms "
+                        "over NVLink). Threads as `pipeline.py launch` gives them. Unsloth QLoRA, 3 profiled steps.",
+            shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8, profile_steps=3,
+            variants={"2gpu": Variant("generated", 2, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "16"}),
+                      "1gpu": Variant("generated", 1, UNSLOTH_QLORA),
+                      "2gpu_one_bucket": Variant("generated", 2, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "16"},
+                                                 ddp={"bucket_cap_mb": 1024})},
+            order=("2gpu", "1gpu", "2gpu_one_bucket"), rounds=2,
+            comparisons=(("2gpu", "1gpu"), ("2gpu_one_bucket", "1gpu"), ("2gpu_one_bucket", "2gpu")),
+        ),
+        Experiment(
             name="gap_1b",
             description="Suspects for the 2-GPU gap on the 1.1B shape, one interleaved run: OMP threads, DDP bucket "
                         "view/static graph/bucket size and padded batches on the generated script (baseline "
