@@ -144,6 +144,7 @@ EXPECTED_UNSLOTH_STYLE_REWRITES = [
     "[convert-magics] dropped `!pip install unsloth` (install packages before running the script)",
     "[inject-device-map] added device_map=ddp.device_map()",
     '[replace-cuda-device] replaced .to("cuda") with .to(ddp.device)',
+    "[replace-cuda-device] replaced torch.cuda.get_device_properties(0) with ddp.device_properties()",
     "[rename-trainer-tokenizer] tokenizer= -> processing_class=",
     "[set-ddp-training-args] added ddp_find_unused_parameters=False, average_tokens_across_devices=True",
     "[set-ddp-training-args] fp16=not is_bfloat16_supported() -> fp16=ddp.gpu_only(...)",
@@ -172,6 +173,9 @@ def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook
     assert (result.stdout + result.stderr).count("nbddp: backend=") == 1
     # The generation cell ends with `tokenizer.batch_decode(outputs)`, which Jupyter shows: rank 0 prints it once.
     assert result.stdout.count("moon river cat fox") == 1
+    # Unsloth's memory-statistics cells (torch.cuda.get_device_properties(0)) run on CPU too, and print once.
+    assert result.stdout.count("GPU = CPU (no GPU). Max memory = ") == 1
+    assert result.stdout.count("Peak reserved memory = 0.0 GB.") == 1
     saves = save_hook["log"].read_text().splitlines()
     # Trainer also saves a checkpoint at the last step (its save_strategy defaults to "steps"), on rank 0 alone.
     assert [save for save in saves if "checkpoint-" not in save] == ["0 lora_model"]

@@ -13,6 +13,7 @@ import os
 import sys
 import threading
 from datetime import timedelta
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +30,12 @@ BITSANDBYTES_OPTIMIZERS = frozenset({
     "lion_32bit", "lion_8bit", "paged_lion_32bit", "paged_lion_8bit",
     "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
 })
+
+
+class CpuProperties(NamedTuple):
+    """What `ddp.device_properties()` gives without a GPU (torch.cuda's device properties have these fields)."""
+    name: str
+    total_memory: int  # bytes
 
 
 class DistributedContext:
@@ -76,6 +83,14 @@ class DistributedContext:
         `display` is IPython's in a kernel, nbddp's printing one in a script (see nbddp.runtime.script_display)."""
         if value is not None and self.is_main_process:
             builtins.display(value)
+
+    def device_properties(self):
+        """For a notebook's `torch.cuda.get_device_properties(0)`: this rank's GPU; on the CPU a stand-in with the
+        fields memory-stats cells read, `name` and `total_memory` (the host's memory), so such a cell runs there
+        (`torch.cuda.max_memory_reserved()` is 0 without CUDA)."""
+        if self.on_gpu:
+            return torch.cuda.get_device_properties(self.device)
+        return CpuProperties("CPU (no GPU)", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
     def cap_num_proc(self, n):
         """`num_proc` for datasets: at most this machine's CPUs divided among its ranks, at least 1."""

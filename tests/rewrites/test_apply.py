@@ -205,7 +205,7 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
         [],
         ["run-datasets-main-process-first"],
         ["hoist-unsloth-import", "rename-trainer-tokenizer", "set-ddp-training-args"],
-        ["guard-rank0-side-effects"],
+        ["guard-rank0-side-effects", "replace-cuda-device"],
         ["resume-from-checkpoint"],
         ["guard-inference-cell", "replace-cuda-device", "show-cell-result"],
         ["guard-rank0-side-effects"],

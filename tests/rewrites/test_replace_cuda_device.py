@@ -75,5 +75,33 @@ def test_other_devices_are_the_authors_choice():
         v = torch.zeros(3, device="cpu")
         u = model.to(torch.bfloat16)
         ok = torch.cuda.is_available()
+        memory = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
+        second = torch.cuda.get_device_properties(1)
         """,
     )
+
+
+def test_the_memory_stats_cell_of_unsloths_notebooks_reads_this_ranks_device():
+    # 112 of unslothai/notebooks' notebooks open training with this cell: on rank k it read GPU 0, and without a
+    # GPU it raised "Torch not compiled with CUDA enabled".
+    changes = assert_rewrites(
+        ReplaceCudaDevice,
+        """\
+        gpu_stats = torch.cuda.get_device_properties(0)
+        start_gpu_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+        max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
+        total = torch.cuda.get_device_properties("cuda").total_memory
+        """,
+        """\
+        gpu_stats = ddp.device_properties()
+        start_gpu_memory = round(torch.cuda.max_memory_reserved() / 1024 / 1024 / 1024, 3)
+        max_memory = round(gpu_stats.total_memory / 1024 / 1024 / 1024, 3)
+        total = ddp.device_properties().total_memory
+        """,
+    )
+    assert changes == [
+        (1, "replaced torch.cuda.get_device_properties(0) with ddp.device_properties() (this rank's GPU; the CPU "
+            "without one)"),
+        (4, 'replaced torch.cuda.get_device_properties("cuda") with ddp.device_properties() (this rank\'s GPU; '
+            "the CPU without one)"),
+    ]

@@ -99,6 +99,20 @@ def test_a_cells_last_value_is_displayed_once_by_the_main_process_unless_none(mo
     assert shown == [["the generated text"], 0]
 
 
+def test_device_properties_on_cpu_have_what_memory_stats_cells_read(single_process):
+    properties = single_process.device_properties()
+    assert properties.name == "CPU (no GPU)" and properties.total_memory > 2 ** 30  # this host's memory
+    # The rest of Unsloth's memory-stats cell runs without CUDA too.
+    assert round(torch.cuda.max_memory_reserved() / properties.total_memory * 100, 3) == 0
+
+
+def test_device_properties_on_a_gpu_are_its_own(monkeypatch):
+    asked = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: asked.append(device) or "props")
+    ddp = DistributedContext(rank=1, local_rank=1, world_size=2, device=torch.device("cuda", 1))
+    assert ddp.device_properties() == "props" and asked == [torch.device("cuda", 1)]
+
+
 def test_gpu_only_is_false_on_cpu(single_process):
     assert single_process.gpu_only(True) is False
 

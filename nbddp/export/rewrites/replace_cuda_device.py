@@ -3,7 +3,10 @@
 `ddp.device` is `cuda:<local_rank>` on GPUs and `cpu` without them, so the same script runs under
 torchrun on N GPUs and on a laptop. Replaced: `x.cuda()` (also `x.cuda(0)`), `"cuda"`/`"cuda:0"` as
 the device of `x.to(...)` or as any `device=` argument, and `torch.device("cuda")`/`torch.device("cuda:0")`.
-Other devices (`"cpu"`, `"cuda:1"`, variables) are the author's choice and are left alone.
+`torch.cuda.get_device_properties(0)` (Unsloth's notebooks open and close training with a memory-stats cell
+built on it) becomes `ddp.device_properties()`: this rank's GPU, and on the CPU a stand-in instead of
+"Torch not compiled with CUDA enabled". Other devices (`"cpu"`, `"cuda:1"`, variables) are the author's
+choice and are left alone.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -13,6 +16,8 @@ from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, liter
 
 CUDA = ("cuda", "cuda:0")
 TORCH_DEVICE = m.Attribute(value=m.Name("torch"), attr=m.Name("device"))
+GET_DEVICE_PROPERTIES = m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")),
+                                    attr=m.Name("get_device_properties"))
 
 
 def _ddp_device() -> cst.Attribute:
@@ -31,11 +36,14 @@ def _is_first_gpu(node: cst.BaseExpression) -> bool:
 
 class ReplaceCudaDevice(Rewrite):
     NAME = "replace-cuda-device"
-    DESCRIPTION = 'Use ddp.device (this rank\'s GPU, or the CPU) instead of .cuda(), "cuda" and "cuda:0".'
+    DESCRIPTION = ('Use ddp.device (this rank\'s GPU, or the CPU) instead of .cuda(), "cuda" and "cuda:0", and '
+                   'ddp.device_properties() instead of torch.cuda.get_device_properties(0).')
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if m.matches(original_node.func, TORCH_DEVICE):
             return self._replace_torch_device(original_node, updated_node)
+        if m.matches(original_node.func, GET_DEVICE_PROPERTIES):
+            return self._replace_device_properties(original_node, updated_node)
         if isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "cuda":
             return self._replace_cuda_method(original_node, updated_node)
         if isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "to":
@@ -48,6 +56,15 @@ class ReplaceCudaDevice(Rewrite):
             self.record(original_node, f"replaced {code_of(original_node)} with ddp.device")
             return _ddp_device()
         return updated_node
+
+    def _replace_device_properties(self, original_node, updated_node):
+        """`torch.cuda.get_device_properties(0)` (or no device, or "cuda") -> `ddp.device_properties()`."""
+        args = original_node.args
+        if len(args) > 1 or (args and not _is_first_gpu(args[0].value)):
+            return updated_node
+        self.record(original_node, f"replaced {code_of(original_node)} with ddp.device_properties() "
+                                   "(this rank's GPU; the CPU without one)")
+        return cst.Call(func=cst.Attribute(value=cst.Name("ddp"), attr=cst.Name("device_properties")))
 
     def _replace_cuda_method(self, original_node, updated_node):
         """`x.cuda()`, `x.cuda(0)`, `x.cuda(device=0, non_blocking=True)` -> `x.to(ddp.device, ...)`."""
