@@ -79,6 +79,18 @@ def test_a_malformed_cell_id_is_still_an_error_naming_the_cell(tmp_path):
     assert error.value.cell == 2
 
 
+def test_a_4_5_notebook_with_cells_missing_ids_is_read_without_nbformats_warning(tmp_path, recwarn):
+    # 4 of unslothai/notebooks' notebooks: nbformat warned "Cell is missing an id field" on every export.
+    path = write_stage(tmp_path, "01_data.ipynb", [markdown("# Data"), code("a = 1")])
+    notebook = json.loads(path.read_text())
+    notebook["nbformat_minor"] = 5
+    for cell in notebook["cells"]:
+        cell.pop("id", None)
+    path.write_text(json.dumps(notebook))
+    assert [cell.source for cell in read_stage(path).cells] == ["# Data", "a = 1"]
+    assert not [w for w in recwarn if "missing an id" in str(w.message)]
+
+
 def test_outputs_the_schema_refuses_do_not_matter(tmp_path):
     path = write_stage(tmp_path, "01_data.ipynb", [code("print(1)")])
     notebook = json.loads(path.read_text())
