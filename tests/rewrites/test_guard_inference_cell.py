@@ -1,3 +1,5 @@
+import textwrap
+
 import libcst as cst
 import pytest
 from rewrite_case import assert_rewrites, assert_unchanged, run
@@ -58,20 +60,54 @@ def test_every_kind_of_generation_is_found(line):
     assert [number for number, _ in changes] == [2]
 
 
-def test_rebinding_a_name_from_its_old_value_gets_a_note():
+def test_leading_imports_and_rebindings_stay_on_every_rank():
+    # Unsloth's conversational notebooks open their inference cell so: under the guard, ranks other than 0 would
+    # go on with the tokenizer that has no chat template.
     code, changes = run(GuardInferenceCell, """\
+        from unsloth.chat_templates import get_chat_template
         tokenizer = get_chat_template(
             tokenizer,
             chat_template = "llama-3.1",
         )
+        FastLanguageModel.for_inference(model)
         messages = [{"role": "user", "content": "Continue: 1, 1, 2, 3, 5, 8,"}]
-        inputs = tokenizer.apply_chat_template(messages, return_tensors = "pt").to(ddp.device)
-        outputs = model.generate(input_ids = inputs, max_new_tokens = 64)
+        outputs = model.generate(input_ids = tokenizer.apply_chat_template(messages), max_new_tokens = 64)
         """)
-    assert code.startswith("if ddp.is_main_process:\n    tokenizer = get_chat_template(")
-    assert changes[1:] == [(1, "`tokenizer` is rebound from its old value on the main process only; the other "
+    assert code == textwrap.dedent("""\
+        from unsloth.chat_templates import get_chat_template
+        tokenizer = get_chat_template(
+            tokenizer,
+            chat_template = "llama-3.1",
+        )
+        if ddp.is_main_process:
+            FastLanguageModel.for_inference(model)
+            messages = [{"role": "user", "content": "Continue: 1, 1, 2, 3, 5, 8,"}]
+            outputs = model.generate(input_ids = tokenizer.apply_chat_template(messages), max_new_tokens = 64)
+        ddp.barrier()
+        """)
+    assert changes == [
+        (6, "the cell generates text (FastLanguageModel.for_inference): it runs on the main process only, then "
+            "ddp.barrier()"),
+        (2, "`tokenizer` is rebound from its old value before the main-process block, on every rank, so that all "
+            "ranks go on with the same `tokenizer`"),
+    ]
+
+
+def test_a_rebinding_after_other_statements_stays_guarded_with_a_note():
+    code, changes = run(GuardInferenceCell, """\
+        messages = [{"role": "user", "content": "Continue: 1, 1, 2, 3, 5, 8,"}]
+        tokenizer = get_chat_template(tokenizer, chat_template = "llama-3.1")
+        outputs = model.generate(input_ids = tokenizer.apply_chat_template(messages), max_new_tokens = 64)
+        """)
+    assert code.startswith("if ddp.is_main_process:\n    messages = ")
+    assert changes[1:] == [(2, "`tokenizer` is rebound from its old value on the main process only; the other "
                                "ranks keep the old `tokenizer` (move that line to a cell of its own to run it on "
                                "every rank)")]
+
+
+def test_a_rebinding_that_generates_is_guarded():
+    code, _ = run(GuardInferenceCell, "model = FastLanguageModel.for_inference(model)\nprint(model.generate(x))\n")
+    assert code.startswith("if ddp.is_main_process:\n    model = FastLanguageModel.for_inference(model)\n")
 
 
 def test_generation_nested_in_a_loop_guards_the_whole_cell():

@@ -9,9 +9,13 @@ times). A cell generates text when it calls `*.generate(...)`, `FastLanguageMode
 A cell that also makes a collective call (`trainer.train()`, `ddp.barrier()`, ...) is left for all
 ranks with a note: guarding it would leave the other ranks waiting forever. Generation inside a
 function the cell only defines does not count. Names the wrapped cell assigns exist on the main
-process only; a later cell that needs them on every rank must not read them. A top-level statement
-that rebinds a name from its own old value (`tokenizer = get_chat_template(tokenizer, ...)`) gets a
-note: from there on the ranks disagree on what the name holds.
+process only; a later cell that needs them on every rank must not read them.
+
+The cell's leading imports and leading statements that rebind a name from its own old value
+(`tokenizer = get_chat_template(tokenizer, ...)`, 14 inference cells of unslothai/notebooks) stay
+before the block, on every rank: under the guard the other ranks would keep the old tokenizer (and lack
+the imported names) for every later cell. Such a rebinding after the cell's first other statement
+stays in the block with a note.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -88,24 +92,47 @@ class GuardInferenceCell(Rewrite):
             )
             return updated_node
         generation = code_of(first.func)
+        setup = _leading_setup(original_node)
         message = f"the cell generates text ({generation}): it runs on the main process only, then ddp.barrier()"
         self.record(first, message)
-        for statement, name in _rebindings(original_node):
-            self.record(statement, f"`{name}` is rebound from its old value on the main process only; the other "
-                                   f"ranks keep the old `{name}` (move that line to a cell of its own to run it on "
-                                   "every rank)")
-        return rank0_block(updated_node)
+        for statement in original_node.body[:setup]:
+            for name in _rebound_names(statement):
+                self.record(statement, f"`{name}` is rebound from its old value before the main-process block, on "
+                                       f"every rank, so that all ranks go on with the same `{name}`")
+        for statement in original_node.body[setup:]:
+            for name in _rebound_names(statement):
+                self.record(statement, f"`{name}` is rebound from its old value on the main process only; the other "
+                                       f"ranks keep the old `{name}` (move that line to a cell of its own to run it "
+                                       "on every rank)")
+        guarded = rank0_block(updated_node.with_changes(body=updated_node.body[setup:]))
+        return guarded.with_changes(body=[*updated_node.body[:setup], *guarded.body])
 
 
-def _rebindings(module: cst.Module) -> list[tuple[cst.SimpleStatementLine, str]]:
-    """Top-level `name = f(name, ...)` lines: they change a value the rest of the pipeline already holds."""
-    found = []
+def _rebound_names(statement: cst.BaseStatement) -> list[str]:
+    """The names a top-level `name = f(name, ...)` line rebinds: it changes a value the rest of the pipeline holds."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return []
+    names = []
+    for small in statement.body:
+        if isinstance(small, cst.Assign):
+            targets = {t.target.value for t in small.targets if isinstance(t.target, cst.Name)}
+            read = {name.value for name in m.findall(small.value, m.Name())}
+            names += sorted(targets & read)
+    return names
+
+
+def _leading_setup(module: cst.Module) -> int:
+    """How many of the cell's first statements are imports or rebindings that generate nothing: they run on
+    every rank, before the main-process block."""
+    count = 0
     for statement in module.body:
         if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if isinstance(small, cst.Assign):
-                targets = {t.target.value for t in small.targets if isinstance(t.target, cst.Name)}
-                read = {name.value for name in m.findall(small.value, m.Name())}
-                found += [(statement, name) for name in sorted(targets & read)]
-    return found
+            break
+        finder = _GenerationFinder()
+        statement.visit(finder)
+        setup = all(isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body) or (
+            _rebound_names(statement) and all(isinstance(small, cst.Assign) for small in statement.body))
+        if finder.calls or not setup:
+            break
+        count += 1
+    return count
