@@ -17,7 +17,7 @@
 # notebooks/02_lora_setup.ipynb (sha256 35facc27938338ad072f5674373d208a73938bc45a618fa6367c6563df403955),
 # notebooks/03_train.ipynb (sha256 171b07e2565ce0243eaac5d332ddf0926eeaee41bea4856b00a6bbe1006e13d1) — do not edit.
 # Run: torchrun --nproc_per_node N generated/train.py --help
-# nbddp-body-sha256: 637b5476052608f53244f3a02c125e921f03f36ac3eeda9a22f8684ff3359e38
+# nbddp-body-sha256: 72a0d3900e8ca6d87e3119f67079f9362016b551a8f21e89d29c1583ffd1e68a
 
 # %% tags=["parameters"]
 # 01_data_prep.ipynb
@@ -232,7 +232,7 @@ trainer = SFTTrainer(
         per_device_train_batch_size = per_device_train_batch_size,
         gradient_accumulation_steps = gradient_accumulation_steps,
         warmup_steps = warmup_steps,
-        max_steps = max_steps,
+        max_steps = ddp.max_steps(max_steps),
         learning_rate = learning_rate,
         fp16 = ddp.gpu_only(torch.cuda.is_available() and not is_bfloat16_supported()),
         bf16 = ddp.gpu_only(is_bfloat16_supported()),

@@ -50,8 +50,10 @@ def to_notebook(script):
     return notebook
 
 
-def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, timeout=None, progress=True):
+def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, timeout=None, progress=True,
+                 extra_env=None):
     """Execute `notebook` (converted from `script`) with `parameters` injected; results in `out_dir`.
+    `extra_env`: variables for the kernel on top of ours.
 
     Writes `<stem>.ipynb` (executed), `<stem>.html`, the cells' stdout/stderr logs and papermill's own stderr
     (`papermill.stderr.log`). Raises NotebookRunFailed naming the source notebook, cell and line when a cell fails.
@@ -63,6 +65,7 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
         given = Path(scratch) / f"{stem}.ipynb"
         nbformat.write(notebook, given)
         env = environment.child_environment(cuda_visible_devices, kernel.write_kernelspec(Path(scratch) / "jupyter"))
+        env |= extra_env or {}
         command = papermill_command(given, executed, parameters, out_dir, timeout, progress)
         started = time.monotonic()
         status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG)

@@ -1,9 +1,12 @@
 """`pipeline.py smoke`: run the generated script once, as a notebook, for a few steps on one device.
 
+A few steps: the `max_steps` parameter set to 3, or, for a script without one (a notebook not written for
+nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (cap-max-steps).
 Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
 params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there).
 """
 
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +57,10 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir):
     run_dir.mkdir(parents=True, exist_ok=True)
     injected = smoke_parameters(defaults, user, run_dir)
     files.write_json(run_dir / "params.json", injected)
-    print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}", flush=True)
-    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout)
+    cap = smoke_environment(defaults)
+    capped = f"; NBDDP_MAX_STEPS={cap['NBDDP_MAX_STEPS']} (the script has no max_steps parameter)" if cap else ""
+    print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{capped}", flush=True)
+    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout, extra_env=cap)
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
     html = f", HTML {run.html}" if run.html else ""
     print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}{html}", flush=True)
@@ -68,6 +73,15 @@ def smoke_parameters(defaults, user, run_dir):
     if "output_dir" in defaults:
         injected["output_dir"] = str(run_dir)
     return injected | user
+
+
+def smoke_environment(defaults, environ=os.environ):
+    """NBDDP_MAX_STEPS for a script without a `max_steps` parameter (a notebook not written for nbddp), unless the
+    user set it: `ddp.max_steps` caps the script's training arguments, so the smoke run takes the smoke steps
+    instead of the notebook's whole training."""
+    if "max_steps" in defaults or "NBDDP_MAX_STEPS" in environ:
+        return {}
+    return {"NBDDP_MAX_STEPS": str(SMOKE_DEFAULTS["max_steps"])}
 
 
 def _collect_metrics(injected, run_dir):

@@ -92,6 +92,22 @@ class DistributedContext:
             return torch.cuda.get_device_properties(self.device)
         return CpuProperties("CPU (no GPU)", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
+    def max_steps(self, steps):
+        """`max_steps` for training arguments: the notebook's `steps` (-1: train by epochs), or at most
+        NBDDP_MAX_STEPS when that is set. `pipeline.py smoke` sets it for a script without a `max_steps`
+        parameter, so that a smoke run takes a few steps rather than the notebook's whole training."""
+        text = os.environ.get("NBDDP_MAX_STEPS")
+        if not text:
+            return steps
+        if not text.strip().isdigit() or int(text) < 1:
+            raise UsageError(f"NBDDP_MAX_STEPS={text!r}: expected a whole number of steps, 1 or more")
+        capped = int(text) if steps is None or steps < 1 else min(int(text), steps)
+        if self.is_main_process and capped != steps:
+            written = "its epochs" if steps is None or steps < 1 else f"{steps} steps"
+            print(f"nbddp: NBDDP_MAX_STEPS={text.strip()}: training stops after {capped} steps (the notebook says "
+                  f"{written})", file=sys.stderr, flush=True)
+        return capped
+
     def cap_num_proc(self, n):
         """`num_proc` for datasets: at most this machine's CPUs divided among its ranks, at least 1."""
         if n is None:

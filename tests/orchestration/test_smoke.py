@@ -1,5 +1,6 @@
 import json
 import sys
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -7,7 +8,7 @@ import pytest
 
 from nbddp.errors import UsageError
 from nbddp.orchestration.notebook_run import NotebookRunFailed
-from nbddp.orchestration.smoke import smoke
+from nbddp.orchestration.smoke import smoke, smoke_environment
 
 from .conftest import metric_lines, needs_generated_script
 
@@ -36,6 +37,30 @@ def test_the_users_values_win_over_the_smoke_defaults(workdir):
     result = smoke("train_fixture.py", flags=[("max_steps", "2")], params_file="params.yaml", device="cpu")
     assert result.parameters["max_steps"] == 2 and result.parameters["learning_rate"] == 0.1
     assert len(metric_lines(result.metrics)) == 2
+
+
+def test_a_script_without_a_max_steps_parameter_is_capped_through_the_environment(workdir, capsys):
+    # A notebook not written for nbddp: its `max_steps = 60` (or epochs) sits in SFTConfig, which cap-max-steps
+    # turns into ddp.max_steps(60); the smoke run must take a few steps, not the notebook's whole training.
+    (workdir / "unsloth_notebook.py").write_text(textwrap.dedent("""\
+        # %% tags=["parameters"]
+        backend = "auto"  # what export gives every script
+
+        # %%
+        from nbddp.runtime.context import DistributedContext
+        ddp = DistributedContext()
+        print("steps:", ddp.max_steps(60), ddp.max_steps(-1))
+        """))
+    result = smoke("unsloth_notebook.py", device="cpu", timeout=60)
+    assert "NBDDP_MAX_STEPS=3 (the script has no max_steps parameter)" in capsys.readouterr().out
+    outputs = [output for cell in nbformat.read(result.executed, as_version=4).cells for output in cell.get("outputs", [])]
+    assert "steps: 3 3\n" in [output.get("text") for output in outputs]
+
+
+def test_the_cap_is_left_to_a_max_steps_parameter_or_the_users_own_setting():
+    assert smoke_environment({"backend": "auto"}, environ={}) == {"NBDDP_MAX_STEPS": "3"}
+    assert smoke_environment({"max_steps": 60}, environ={}) == {}
+    assert smoke_environment({}, environ={"NBDDP_MAX_STEPS": "10"}) == {}
 
 
 def test_a_failing_cell_is_reported_at_its_source_notebook_line(workdir):

@@ -204,7 +204,7 @@ def test_unsloth_alpaca_notebook_becomes_ddp_safe_python():
         ["inject-device-map"],
         [],
         ["run-datasets-main-process-first"],
-        ["hoist-unsloth-import", "rename-trainer-tokenizer", "set-ddp-training-args"],
+        ["cap-max-steps", "hoist-unsloth-import", "rename-trainer-tokenizer", "set-ddp-training-args"],
         ["guard-rank0-side-effects", "replace-cuda-device"],
         ["resume-from-checkpoint"],
         ["guard-inference-cell", "replace-cuda-device", "show-cell-result"],

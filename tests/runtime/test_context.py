@@ -113,6 +113,31 @@ def test_device_properties_on_a_gpu_are_its_own(monkeypatch):
     assert ddp.device_properties() == "props" and asked == [torch.device("cuda", 1)]
 
 
+@pytest.mark.parametrize("cap, steps, expected", [(None, 60, 60), ("3", 60, 3), ("3", -1, 3), ("100", 60, 60),
+                                                  (" 5", 60, 5)])
+def test_max_steps_is_the_notebooks_unless_capped(monkeypatch, single_process, cap, steps, expected):
+    if cap is None:
+        monkeypatch.delenv("NBDDP_MAX_STEPS", raising=False)
+    else:
+        monkeypatch.setenv("NBDDP_MAX_STEPS", cap)
+    assert single_process.max_steps(steps) == expected
+
+
+def test_a_capped_run_says_so_once_per_call_on_the_main_process(monkeypatch, capsys):
+    monkeypatch.setenv("NBDDP_MAX_STEPS", "3")
+    DistributedContext(rank=1, world_size=2).max_steps(-1)
+    DistributedContext().max_steps(-1)
+    assert capsys.readouterr().err == ("nbddp: NBDDP_MAX_STEPS=3: training stops after 3 steps (the notebook says its "
+                                       "epochs)\n")
+
+
+@pytest.mark.parametrize("cap", ["0", "three", "-2"])
+def test_a_bad_cap_is_a_usage_error(monkeypatch, single_process, cap):
+    monkeypatch.setenv("NBDDP_MAX_STEPS", cap)
+    with pytest.raises(context.UsageError, match=f"NBDDP_MAX_STEPS='{cap}': expected a whole number of steps"):
+        single_process.max_steps(60)
+
+
 def test_gpu_only_is_false_on_cpu(single_process):
     assert single_process.gpu_only(True) is False
 

@@ -9,6 +9,7 @@ import difflib
 from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
+from nbddp.export.rewrites.cap_max_steps import CapMaxSteps
 from nbddp.export.rewrites.convert_magics import convert_cell
 from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell
 from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
@@ -29,6 +30,7 @@ REWRITES: list[type[Rewrite]] = [
     InjectDeviceMap,
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
+    CapMaxSteps,
     RenameTrainerTokenizer,
     ResumeFromCheckpoint,
     ShowCellResult,
