@@ -17,7 +17,7 @@
 # notebooks/02_lora_setup.ipynb (sha256 35facc27938338ad072f5674373d208a73938bc45a618fa6367c6563df403955),
 # notebooks/03_train.ipynb (sha256 171b07e2565ce0243eaac5d332ddf0926eeaee41bea4856b00a6bbe1006e13d1) — do not edit.
 # Run: torchrun --nproc_per_node N generated/train.py --help
-# nbddp-body-sha256: 72a0d3900e8ca6d87e3119f67079f9362016b551a8f21e89d29c1583ffd1e68a
+# nbddp-body-sha256: 387af31a4d58f4e37e0df83f2754eb5337c492d137856c0bc9f45d92e050668b
 
 # %% tags=["parameters"]
 # 01_data_prep.ipynb
@@ -244,7 +244,7 @@ trainer = SFTTrainer(
         weight_decay = 0.01,
         lr_scheduler_type = "linear",
         seed = seed,
-        output_dir = output_dir,
+        output_dir = ddp.output_dir(output_dir),
         save_strategy = "steps" if save_steps else "no",  # checkpoints to resume from; the adapters are saved below
         save_steps = save_steps,
         save_total_limit = save_total_limit,

@@ -78,8 +78,8 @@ class LaunchPlan:
         return shlex.join(assignments + self.command)
 
 
-def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, environ=None):
-    """The torchrun command and environment additions for `script` with `script_args`."""
+def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, environ=None, extra_env=None):
+    """The torchrun command and environment additions for `script` with `script_args` (and `extra_env`)."""
     environ = os.environ if environ is None else environ
     processes = options.processes(environ)
     command = [sys.executable, "-m", "torch.distributed.run", *options.rendezvous_flags()]
@@ -91,7 +91,7 @@ def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, e
         # Every rank's stdout and stderr into files under log_dir, and still on the console.
         command += ["--log-dir", str(log_dir), "--tee", "3"]
     command += [str(script), *script_args]
-    return LaunchPlan(command, env_additions(processes, environ), str(script), tuple(script_args))
+    return LaunchPlan(command, env_additions(processes, environ) | (extra_env or {}), str(script), tuple(script_args))
 
 
 # Set for the workers unless the user has; the SLURM job script sets the same (slurm.py).

@@ -7,6 +7,7 @@ Lines are per-step `{"step", "loss", "learning_rate", "tokens_per_s", "peak_mem_
 import json
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
 from nbddp.errors import NbddpError
 
@@ -60,6 +61,23 @@ def read_metrics(path):
                 _append_number(tokens, record.get("tokens_per_s"))
                 _append_number(memory, record.get("peak_mem_gib"))
     return Metrics(losses, eval_losses, tokens, memory)
+
+
+def newest_trainer_state(output_dir):
+    """The newest `checkpoint-N/trainer_state.json` under `output_dir`, or None."""
+    states = Path(output_dir).glob("checkpoint-*/trainer_state.json")
+    numbered = [(int(path.parent.name.removeprefix("checkpoint-")), path) for path in states
+                if path.parent.name.removeprefix("checkpoint-").isdigit()]
+    return max(numbered)[1] if numbered else None
+
+
+def read_trainer_state(path):
+    """The losses in a Trainer's `trainer_state.json` (`log_history`): what a script that writes no metrics.jsonl
+    (a notebook not written for nbddp) leaves; no tokens/s or memory there."""
+    history = json.loads(Path(path).read_text(encoding="utf-8"))["log_history"]
+    losses = [(entry["step"], entry["loss"]) for entry in history if "loss" in entry]
+    eval_losses = [(entry["step"], entry["eval_loss"]) for entry in history if "eval_loss" in entry]
+    return Metrics(losses, eval_losses, [], [])
 
 
 def _append_number(values, value):

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from nbddp.errors import NbddpError
 from nbddp.orchestration import devices, launch, parameters, plots, smoke
-from nbddp.orchestration.metrics import METRICS_FILE, read_metrics
+from nbddp.orchestration.metrics import METRICS_FILE, newest_trainer_state, read_metrics, read_trainer_state
+from nbddp.orchestration.sourcemap import SourceMap
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
 
@@ -23,13 +24,16 @@ class LaunchFailed(NbddpError):
 
 
 def check_export_fresh(script):
-    """Stop when generated/ differs from what export would write from notebooks/ now."""
+    """Stop when the script's folder differs from what export would write now from the notebooks it came from
+    (the folder its source map names; notebooks/ without a map)."""
     from nbddp.export import export  # the export room (libcst, jupytext) is only needed for this check
 
-    stale = export(out=Path(script).parent, check=True).stale
+    notebooks = SourceMap.for_script(script).notebook_dir() or "notebooks"
+    stale = export(notebooks=notebooks, out=Path(script).parent, check=True).stale
     if stale:
+        again = "" if notebooks == "notebooks" else f" --notebooks {notebooks} --out {Path(script).parent}"
         raise NbddpError("the generated script is out of date:\n  " + "\n  ".join(stale) +
-                         "\n  hint: run `python pipeline.py export`")
+                         f"\n  hint: run `python pipeline.py export{again}`")
 
 
 def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
@@ -41,10 +45,14 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     visible = devices.single_device(device)
     run_dir = new_run_dir("run", runs_root)
     train = dict(user)
+    output_dir = Path(user.get("output_dir", run_dir / "train"))
     if "output_dir" in defaults and "output_dir" not in user:
-        train["output_dir"] = str(run_dir / "train")
+        train["output_dir"] = str(output_dir)
     logs = run_dir / "logs"
-    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs)
+    # A script without an output_dir parameter writes where ddp.output_dir(...) says (redirect-output-dir).
+    redirect = {} if "output_dir" in defaults or "NBDDP_OUTPUT_DIR" in os.environ else {
+        "NBDDP_OUTPUT_DIR": str(output_dir)}
+    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs, extra_env=redirect)
     # The smoke run takes the user's values except the run length and output_dir, which are the training
     # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
     smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
@@ -53,7 +61,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     status = launch.execute(plan)
     if status != 0:
         raise LaunchFailed(status, logs)
-    summary = summarise(run_dir, Path(train.get("output_dir", run_dir)), logs)
+    summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs)
     print(summary, flush=True)
     return summary
 
@@ -68,14 +76,18 @@ def summarise(run_dir, output_dir, logs):
     if events:
         lines.append(f"  TensorBoard:   tensorboard --logdir {os.path.commonpath([e.parent for e in events])}")
     metrics_path = output_dir / METRICS_FILE
-    if not metrics_path.exists():
+    if metrics_path.exists():
+        metrics = read_metrics(metrics_path)
+    elif state := newest_trainer_state(output_dir):
+        lines.append(f"  metrics:       {state} (no {METRICS_FILE}: losses only)")
+        metrics = read_trainer_state(state)
+    else:
         lines.append(f"  metrics:       none ({metrics_path} was not written)")
         return "\n".join(lines)
-    metrics = read_metrics(metrics_path)
     lines.append(f"  train loss:    {_figure(metrics.final_train_loss, '.4f')} (final step)")
     lines.append(f"  held-out loss: {_figure(metrics.eval_loss, '.4f')}")
-    lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f')} (median over steps)")
-    lines.append(f"  peak memory:   {_figure(metrics.max_peak_mem_gib, '.2f')} GiB")
+    lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f', ' (median over steps)')}")
+    lines.append(f"  peak memory:   {_figure(metrics.max_peak_mem_gib, '.2f', ' GiB')}")
     curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
     lines.append(f"  loss curve:    {plots.plot_loss_panels([('loss', curves)], run_dir / 'loss_curve.png')}")
     return "\n".join(lines)
@@ -90,5 +102,5 @@ def _find_adapter(output_dir):
     return (final or adapters or [None])[-1]
 
 
-def _figure(value, spec):
-    return "n/a" if value is None else f"{value:{spec}}"
+def _figure(value, spec, unit=""):
+    return "n/a" if value is None else f"{value:{spec}}{unit}"

@@ -1,7 +1,8 @@
 """`pipeline.py smoke`: run the generated script once, as a notebook, for a few steps on one device.
 
 A few steps: the `max_steps` parameter set to 3, or, for a script without one (a notebook not written for
-nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (cap-max-steps).
+nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (cap-max-steps);
+likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (redirect-output-dir) point training at the run folder.
 Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
 params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there).
 """
@@ -57,10 +58,10 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir):
     run_dir.mkdir(parents=True, exist_ok=True)
     injected = smoke_parameters(defaults, user, run_dir)
     files.write_json(run_dir / "params.json", injected)
-    cap = smoke_environment(defaults)
-    capped = f"; NBDDP_MAX_STEPS={cap['NBDDP_MAX_STEPS']} (the script has no max_steps parameter)" if cap else ""
-    print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{capped}", flush=True)
-    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout, extra_env=cap)
+    env = smoke_environment(defaults, run_dir)
+    in_env = "".join(f"; {name}={value}" for name, value in env.items())
+    print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}", flush=True)
+    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout, extra_env=env)
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
     html = f", HTML {run.html}" if run.html else ""
     print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}{html}", flush=True)
@@ -75,13 +76,17 @@ def smoke_parameters(defaults, user, run_dir):
     return injected | user
 
 
-def smoke_environment(defaults, environ=os.environ):
-    """NBDDP_MAX_STEPS for a script without a `max_steps` parameter (a notebook not written for nbddp), unless the
-    user set it: `ddp.max_steps` caps the script's training arguments, so the smoke run takes the smoke steps
-    instead of the notebook's whole training."""
-    if "max_steps" in defaults or "NBDDP_MAX_STEPS" in environ:
-        return {}
-    return {"NBDDP_MAX_STEPS": str(SMOKE_DEFAULTS["max_steps"])}
+def smoke_environment(defaults, run_dir, environ=os.environ):
+    """For a script without `max_steps` or `output_dir` parameters (a notebook not written for nbddp), what the
+    parameters would have set, through the environment (unless the user set it): NBDDP_MAX_STEPS, which
+    `ddp.max_steps` applies to its training arguments, so the smoke run takes the smoke steps instead of the
+    notebook's whole training; NBDDP_OUTPUT_DIR, which `ddp.output_dir` applies, so its checkpoints land here."""
+    env = {}
+    if "max_steps" not in defaults and "NBDDP_MAX_STEPS" not in environ:
+        env["NBDDP_MAX_STEPS"] = str(SMOKE_DEFAULTS["max_steps"])
+    if "output_dir" not in defaults and "NBDDP_OUTPUT_DIR" not in environ:
+        env["NBDDP_OUTPUT_DIR"] = str(run_dir)
+    return env
 
 
 def _collect_metrics(injected, run_dir):

@@ -39,6 +39,12 @@ class SourceMap:
         with open(path, encoding="utf-8") as stream:
             return cls(script, json.load(stream)["cells"])
 
+    def notebook_dir(self):
+        """The folder of the stage notebooks the script was exported from (export reads one), or None."""
+        origins = (origin for entry in self.cells for origin in entry["origin"] if origin)
+        first = next(origins, None)
+        return str(Path(first[0]).parent) if first else None
+
     def locate(self, cell_index, line=None):
         """Where line `line` (1-based) of script cell `cell_index` (0-based, jupytext's order) came from."""
         if cell_index >= len(self.cells):

@@ -108,6 +108,11 @@ class DistributedContext:
                   f"{written})", file=sys.stderr, flush=True)
         return capped
 
+    def output_dir(self, path):
+        """`output_dir` for training arguments: the notebook's `path`, or NBDDP_OUTPUT_DIR when that is set
+        (`pipeline.py smoke` and `run` set it to their run folder for a script without an `output_dir` parameter)."""
+        return os.environ.get("NBDDP_OUTPUT_DIR") or path
+
     def cap_num_proc(self, n):
         """`num_proc` for datasets: at most this machine's CPUs divided among its ranks, at least 1."""
         if n is None:

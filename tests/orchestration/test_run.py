@@ -1,3 +1,5 @@
+import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -8,9 +10,9 @@ from nbddp.errors import NbddpError
 from nbddp.orchestration import launch, run as run_module
 from nbddp.orchestration.launch import LaunchOptions
 from nbddp.orchestration.notebook_run import NotebookRunFailed
-from nbddp.orchestration.run import LaunchFailed, run, summarise
+from nbddp.orchestration.run import LaunchFailed, check_export_fresh, run, summarise
 
-from .conftest import metric_lines, needs_generated_script
+from .conftest import REPO, metric_lines, needs_generated_script
 
 
 @pytest.fixture
@@ -29,10 +31,25 @@ def launches(monkeypatch):
 
 def test_a_stale_export_stops_the_run_before_anything_runs(workdir, monkeypatch, launches):
     stale = SimpleNamespace(stale=["generated/train.py differs from what export writes"])
-    monkeypatch.setattr(nbddp.export, "export", lambda out, check: stale)
+    monkeypatch.setattr(nbddp.export, "export", lambda notebooks, out, check: stale)
     with pytest.raises(NbddpError, match="out of date:\n  generated/train.py differs.*\n  hint: run `python pipeline.py export`"):
         run("train_fixture.py")
     assert launches == [] and not (workdir / "runs").exists()
+
+
+def test_a_script_exported_from_another_folder_is_checked_against_that_folder(tmp_path):
+    # `pipeline.py export --notebooks my_notebooks --out my_out`, then `pipeline.py run --script my_out/train.py`.
+    from nbddp.export import export
+
+    notebooks, out = tmp_path / "my_notebooks", tmp_path / "my_out"
+    shutil.copytree(REPO / "tests" / "fixtures" / "unsloth_style", notebooks)
+    export(notebooks=str(notebooks), out=str(out))
+    check_export_fresh(out / "train.py")  # fresh: no error, although ./notebooks is another pipeline
+    stage = notebooks / "01_finetune.ipynb"
+    stage.write_text(stage.read_text().replace("max_steps = 60", "max_steps = 61"))
+    with pytest.raises(NbddpError, match=f"(?s)out of date.*hint: run `python pipeline.py export --notebooks {notebooks} "
+                                         f"--out {out}`"):
+        check_export_fresh(out / "train.py")
 
 
 @pytest.mark.e2e
@@ -75,6 +92,18 @@ def test_the_summary_finds_the_adapter_and_tensorboard_logs(tmp_path):
     assert f"adapter:       {output_dir / 'adapter'}\n" in summary
     assert f"tensorboard --logdir {output_dir / 'runs' / 'Nov29'}" in summary
     assert "metrics:       none" in summary
+
+
+def test_without_metrics_jsonl_the_summary_reads_the_last_checkpoints_trainer_state(tmp_path):
+    # A notebook not written for nbddp has no MetricsCallback; Trainer's own log_history still has the losses.
+    for step, loss in ((3, 9.0), (60, 5.5)):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        history = [{"step": 1, "loss": 6.4}, {"step": step, "loss": loss}, {"step": step, "eval_loss": loss + 0.25}]
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+    summary = summarise(tmp_path, tmp_path, tmp_path / "logs")
+    assert f"metrics:       {tmp_path / 'checkpoint-60' / 'trainer_state.json'} (no metrics.jsonl: losses only)" in summary
+    assert "train loss:    5.5000 (final step)" in summary and "held-out loss: 5.7500" in summary
+    assert "tokens/s:      n/a" in summary and (tmp_path / "loss_curve.png").is_file()
 
 
 def test_the_summary_says_when_nothing_was_saved(tmp_path):

@@ -39,9 +39,10 @@ def test_the_users_values_win_over_the_smoke_defaults(workdir):
     assert len(metric_lines(result.metrics)) == 2
 
 
-def test_a_script_without_a_max_steps_parameter_is_capped_through_the_environment(workdir, capsys):
-    # A notebook not written for nbddp: its `max_steps = 60` (or epochs) sits in SFTConfig, which cap-max-steps
-    # turns into ddp.max_steps(60); the smoke run must take a few steps, not the notebook's whole training.
+def test_a_script_without_max_steps_and_output_dir_parameters_gets_them_through_the_environment(workdir, capsys):
+    # A notebook not written for nbddp: `max_steps = 60` (or epochs) and `output_dir = "outputs"` sit in SFTConfig,
+    # which export turns into ddp.max_steps(60) and ddp.output_dir("outputs"); the smoke run must take a few steps,
+    # not the notebook's whole training, and write into its run folder, not beside the training run's checkpoints.
     (workdir / "unsloth_notebook.py").write_text(textwrap.dedent("""\
         # %% tags=["parameters"]
         backend = "auto"  # what export gives every script
@@ -49,18 +50,20 @@ def test_a_script_without_a_max_steps_parameter_is_capped_through_the_environmen
         # %%
         from nbddp.runtime.context import DistributedContext
         ddp = DistributedContext()
-        print("steps:", ddp.max_steps(60), ddp.max_steps(-1))
+        print("steps:", ddp.max_steps(60), ddp.max_steps(-1), "into:", ddp.output_dir("outputs"))
         """))
     result = smoke("unsloth_notebook.py", device="cpu", timeout=60)
-    assert "NBDDP_MAX_STEPS=3 (the script has no max_steps parameter)" in capsys.readouterr().out
+    assert f"parameters {{}}; NBDDP_MAX_STEPS=3; NBDDP_OUTPUT_DIR={result.run_dir}\n" in capsys.readouterr().out
     outputs = [output for cell in nbformat.read(result.executed, as_version=4).cells for output in cell.get("outputs", [])]
-    assert "steps: 3 3\n" in [output.get("text") for output in outputs]
+    assert f"steps: 3 3 into: {result.run_dir}\n" in [output.get("text") for output in outputs]
 
 
-def test_the_cap_is_left_to_a_max_steps_parameter_or_the_users_own_setting():
-    assert smoke_environment({"backend": "auto"}, environ={}) == {"NBDDP_MAX_STEPS": "3"}
-    assert smoke_environment({"max_steps": 60}, environ={}) == {}
-    assert smoke_environment({}, environ={"NBDDP_MAX_STEPS": "10"}) == {}
+def test_the_environment_is_left_to_the_scripts_parameters_or_the_users_own_setting():
+    run_dir = Path("runs/x-smoke")
+    assert smoke_environment({"backend": "auto"}, run_dir, environ={}) == {
+        "NBDDP_MAX_STEPS": "3", "NBDDP_OUTPUT_DIR": "runs/x-smoke"}
+    assert smoke_environment({"max_steps": 60, "output_dir": "out"}, run_dir, environ={}) == {}
+    assert smoke_environment({}, run_dir, environ={"NBDDP_MAX_STEPS": "10", "NBDDP_OUTPUT_DIR": "mine"}) == {}
 
 
 def test_a_failing_cell_is_reported_at_its_source_notebook_line(workdir):

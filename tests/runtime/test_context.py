@@ -138,6 +138,13 @@ def test_a_bad_cap_is_a_usage_error(monkeypatch, single_process, cap):
         single_process.max_steps(60)
 
 
+def test_output_dir_is_the_notebooks_unless_the_run_sets_one(monkeypatch, single_process):
+    monkeypatch.delenv("NBDDP_OUTPUT_DIR", raising=False)
+    assert single_process.output_dir("outputs") == "outputs"
+    monkeypatch.setenv("NBDDP_OUTPUT_DIR", "runs/x-smoke")
+    assert single_process.output_dir("outputs") == "runs/x-smoke"
+
+
 def test_gpu_only_is_false_on_cpu(single_process):
     assert single_process.gpu_only(True) is False
 
