@@ -49,7 +49,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     if "output_dir" in defaults and "output_dir" not in user:
         train["output_dir"] = str(output_dir)
     logs = run_dir / "logs"
-    # A script without an output_dir parameter writes where ddp.output_dir(...) says (redirect-output-dir).
+    # A script without an output_dir parameter writes where ddp.output_dir(...) says (run-overrides).
     redirect = {} if "output_dir" in defaults or "NBDDP_OUTPUT_DIR" in os.environ else {
         "NBDDP_OUTPUT_DIR": str(output_dir)}
     plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs, extra_env=redirect)

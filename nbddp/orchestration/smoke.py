@@ -1,8 +1,8 @@
 """`pipeline.py smoke`: run the generated script once, as a notebook, for a few steps on one device.
 
 A few steps: the `max_steps` parameter set to 3, or, for a script without one (a notebook not written for
-nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (cap-max-steps);
-likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (redirect-output-dir) point training at the run folder.
+nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (run-overrides);
+likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point training at the run folder.
 Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
 params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there).
 """

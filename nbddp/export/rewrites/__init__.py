@@ -9,17 +9,16 @@ import difflib
 from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
-from nbddp.export.rewrites.cap_max_steps import CapMaxSteps
 from nbddp.export.rewrites.convert_magics import convert_cell
 from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell
 from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
-from nbddp.export.rewrites.redirect_output_dir import RedirectOutputDir
 from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
 from nbddp.export.rewrites.resume_from_checkpoint import ResumeFromCheckpoint
 from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMainProcessFirst
+from nbddp.export.rewrites.run_overrides import RunOverrides
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 from nbddp.export.rewrites.show_cell_result import ShowCellResult
 
@@ -31,8 +30,7 @@ REWRITES: list[type[Rewrite]] = [
     InjectDeviceMap,
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
-    CapMaxSteps,
-    RedirectOutputDir,
+    RunOverrides,
     RenameTrainerTokenizer,
     ResumeFromCheckpoint,
     ShowCellResult,
