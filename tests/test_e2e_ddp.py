@@ -146,6 +146,7 @@ EXPECTED_UNSLOTH_STYLE_REWRITES = [
     '[replace-cuda-device] replaced .to("cuda") with .to(ddp.device)',
     "[replace-cuda-device] replaced torch.cuda.get_device_properties(0) with ddp.device_properties()",
     "[rename-trainer-tokenizer] tokenizer= -> processing_class=",
+    "[record-metrics] added callbacks=[ddp.metrics_callback()]",
     "[set-ddp-training-args] added ddp_find_unused_parameters=False, average_tokens_across_devices=True",
     "[set-ddp-training-args] fp16=not is_bfloat16_supported() -> fp16=ddp.gpu_only(...)",
     '[set-ddp-training-args] optim="adamw_8bit" -> ddp.optimizer("adamw_8bit")',
@@ -181,4 +182,6 @@ def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook
     assert [save for save in saves if "checkpoint-" not in save] == ["0 lora_model"]
     assert all(save.startswith("0 ") for save in saves)
     assert (work / "lora_model" / "adapter_config.json").is_file()
+    # record-metrics gave the notebook's trainer nbddp's metrics, in its output_dir, written once (rank 0).
+    assert [record["step"] for record in step_records(work / "outputs")] == [1, 2]
     assert (work / "lora_model" / "adapter_model.safetensors").is_file()

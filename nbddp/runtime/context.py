@@ -113,6 +113,13 @@ class DistributedContext:
         (`pipeline.py smoke` and `run` set it to their run folder for a script without an `output_dir` parameter)."""
         return os.environ.get("NBDDP_OUTPUT_DIR") or path
 
+    def metrics_callback(self):
+        """nbddp's MetricsCallback writing to the trainer's `<output_dir>/metrics.jsonl`, for a trainer a notebook
+        built without callbacks (the rewrite record-metrics adds it): what `pipeline.py run` and `regress` read."""
+        from nbddp.runtime.metrics import MetricsCallback  # imports transformers: only once a trainer is built
+
+        return MetricsCallback()
+
     def cap_num_proc(self, n):
         """`num_proc` for datasets: at most this machine's CPUs divided among its ranks, at least 1."""
         if n is None:

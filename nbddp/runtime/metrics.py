@@ -12,6 +12,9 @@ on 2×H200 the generated 8B run went from 0.955× to 0.997× of a hand-written s
 docs/performance.md.) Peak memory is this rank's CUDA memory reserved by PyTorch on a GPU, and the
 process's peak resident memory on a CPU.
 
+`MetricsCallback()` without a path writes to the trainer's `<args.output_dir>/metrics.jsonl`: what the rewrite
+record-metrics adds (as `ddp.metrics_callback()`) to a trainer that a notebook built without callbacks.
+
 Each `trainer.train()` starts the file afresh, except one that resumes from a checkpoint at step S: it keeps
 the lines up to step S and appends, so a run killed and resumed reads as one run.
 """
@@ -27,8 +30,8 @@ from transformers import TrainerCallback
 
 
 class MetricsCallback(TrainerCallback):
-    def __init__(self, path):
-        self.path = Path(path)
+    def __init__(self, path=None):
+        self.path = None if path is None else Path(path)  # None: the training arguments' output_dir, at train begin
         self._started = self._last_time = 0.0
         self._tokens = None  # a device tensor: tokens counted since the last logged step, on this rank
         self._hook = None
@@ -39,6 +42,8 @@ class MetricsCallback(TrainerCallback):
         self._tokens = torch.zeros((), dtype=torch.int64, device=args.device)
         self._hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         self._started = self._last_time = time.perf_counter()
+        if self.path is None:
+            self.path = Path(args.output_dir) / "metrics.jsonl"
         if state.is_world_process_zero:  # one file per training run
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._start_file(resumed_at=state.global_step)

@@ -27,8 +27,8 @@ def cpu_args():
     return SimpleNamespace(device=torch.device("cpu"))
 
 
-def simulate(callback, is_world_process_zero):
-    args, model = cpu_args(), Counted()
+def simulate(callback, is_world_process_zero, args=None):
+    args, model = args or cpu_args(), Counted()
     control = TrainerControl()
     callback.on_train_begin(args, state(is_world_process_zero), control, model=model)
     model(input_ids=torch.ones(2, 5, dtype=torch.long))
@@ -49,6 +49,13 @@ def test_rank_zero_writes_steps_evals_and_end(tmp_path):
     assert evaluation == {"event": "eval", "step": 5, "eval_loss": 2.4}
     assert end == {"event": "end", "step": 10, "train_runtime": 3.5, "train_loss": 2.3}
     assert not hasattr(args, "include_num_input_tokens_seen")  # Trainer's per-batch count is left off
+
+
+def test_without_a_path_it_writes_into_the_training_arguments_output_dir(tmp_path):
+    # What record-metrics adds to a notebook's trainer: the path comes from args.output_dir at train begin.
+    args = SimpleNamespace(device=torch.device("cpu"), output_dir=str(tmp_path / "outputs"))
+    simulate(MetricsCallback(), is_world_process_zero=True, args=args)
+    assert [record.get("event") for record in records(tmp_path / "outputs" / "metrics.jsonl")] == [None, "eval", "end"]
 
 
 def test_other_ranks_write_nothing(tmp_path):
