@@ -31,6 +31,20 @@ def test_empty_pipeline_is_an_error(tmp_path):
     assert "NN_name.ipynb" in str(error.value)
 
 
+def test_notebooks_not_named_as_stages_are_named_in_the_hint(tmp_path):
+    write_stage(tmp_path, "Llama3.1_(8B)-Alpaca.ipynb", [code("x = 1")])
+    with pytest.raises(NotebookError, match="no stage notebooks found") as error:
+        read_stages(tmp_path)
+    assert "found Llama3.1_(8B)-Alpaca.ipynb, not named so" in str(error.value)
+
+
+def test_a_notebook_given_for_the_folder_says_how_to_make_it_a_stage(tmp_path):
+    path = write_stage(tmp_path, "Llama3.1_(8B)-Alpaca.ipynb", [code("x = 1")])
+    with pytest.raises(NotebookError, match="a notebook, where a folder of stage notebooks was expected") as error:
+        read_stages(path)
+    assert "my_notebooks/01_finetune.ipynb" in str(error.value)
+
+
 def test_missing_directory_is_an_error(tmp_path):
     with pytest.raises(NotebookError, match="does not exist"):
         read_stages(tmp_path / "missing")

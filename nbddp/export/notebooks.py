@@ -48,14 +48,20 @@ class Stage:
 def read_stages(directory) -> list[Stage]:
     """All stage notebooks in `directory`, in file-name order; an empty pipeline is an error."""
     directory = Path(directory)
+    if directory.is_file():
+        raise NotebookError(directory.as_posix(), "a notebook, where a folder of stage notebooks was expected",
+                            hint=f"put it in a folder as a stage: mkdir my_notebooks && cp '{directory}' "
+                                 "my_notebooks/01_finetune.ipynb, then --notebooks my_notebooks")
     if not directory.is_dir():
         raise NotebookError(directory.as_posix(), "the notebook directory does not exist")
     paths = sorted((path for path in directory.glob(STAGE_GLOB) if path.is_file()), key=lambda path: path.name)
     if not paths:
+        others = sorted(path.name for path in directory.glob("*.ipynb"))
+        found = f"; found {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}, not named so" if others else ""
         raise NotebookError(
             directory.as_posix(),
             "no stage notebooks found",
-            hint="stages are files named NN_name.ipynb (01_data_prep.ipynb, 02_lora_setup.ipynb, ...)",
+            hint=f"stages are files named NN_name.ipynb (01_data_prep.ipynb, 02_lora_setup.ipynb, ...){found}",
         )
     return [read_stage(path) for path in paths]
 
