@@ -9,6 +9,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
+from nbddp import checkpoint_markers
 from nbddp.errors import NbddpError
 
 METRICS_FILE = "metrics.jsonl"  # in the run's output_dir, written by rank 0
@@ -63,12 +64,11 @@ def read_metrics(path):
     return Metrics(losses, eval_losses, tokens, memory)
 
 
-def newest_trainer_state(output_dir):
-    """The newest `checkpoint-N/trainer_state.json` under `output_dir`, or None."""
-    states = Path(output_dir).glob("checkpoint-*/trainer_state.json")
-    numbered = [(int(path.parent.name.removeprefix("checkpoint-")), path) for path in states
-                if path.parent.name.removeprefix("checkpoint-").isdigit()]
-    return max(numbered)[1] if numbered else None
+def last_trainer_state(output_dir):
+    """`trainer_state.json` of the last complete checkpoint under `output_dir` (checkpoint_markers), or None."""
+    checkpoint = checkpoint_markers.latest_complete(output_dir)
+    state = checkpoint.path / "trainer_state.json" if checkpoint else None
+    return state if state and state.is_file() else None
 
 
 def read_trainer_state(path):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nbddp.errors import NbddpError
 from nbddp.orchestration import devices, launch, parameters, plots, smoke
-from nbddp.orchestration.metrics import METRICS_FILE, newest_trainer_state, read_metrics, read_trainer_state
+from nbddp.orchestration.metrics import METRICS_FILE, last_trainer_state, read_metrics, read_trainer_state
 from nbddp.orchestration.sourcemap import SourceMap
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
@@ -78,7 +78,7 @@ def summarise(run_dir, output_dir, logs):
     metrics_path = output_dir / METRICS_FILE
     if metrics_path.exists():
         metrics = read_metrics(metrics_path)
-    elif state := newest_trainer_state(output_dir):
+    elif state := last_trainer_state(output_dir):
         lines.append(f"  metrics:       {state} (no {METRICS_FILE}: losses only)")
         metrics = read_trainer_state(state)
     else:

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 import nbddp.export
+from nbddp import checkpoint_markers
 from nbddp.errors import NbddpError
 from nbddp.orchestration import launch, run as run_module
 from nbddp.orchestration.launch import LaunchOptions
@@ -100,6 +101,7 @@ def test_without_metrics_jsonl_the_summary_reads_the_last_checkpoints_trainer_st
         (tmp_path / f"checkpoint-{step}").mkdir()
         history = [{"step": 1, "loss": 6.4}, {"step": step, "loss": loss}, {"step": step, "eval_loss": loss + 0.25}]
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"log_history": history}))
+        checkpoint_markers.mark_complete(tmp_path / f"checkpoint-{step}", step, world_size=2)  # as the runtime does
     summary = summarise(tmp_path, tmp_path, tmp_path / "logs")
     assert f"metrics:       {tmp_path / 'checkpoint-60' / 'trainer_state.json'} (no metrics.jsonl: losses only)" in summary
     assert "train loss:    5.5000 (final step)" in summary and "held-out loss: 5.7500" in summary
