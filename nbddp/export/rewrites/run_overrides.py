@@ -16,7 +16,7 @@ import libcst as cst
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import append_keyword, callee_name, code_of, has_double_star, keyword
 from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call, wrap_keyword
-from nbddp.export.rewrites.set_ddp_training_args import TRANSFORMERS_ARGUMENTS, TRL_CONFIGS
+from nbddp.export.rewrites.set_ddp_training_args import TRAINING_ARGUMENTS
 
 # keyword (also the ddp method) -> what the report says overrides it
 OVERRIDDEN_BY = {
@@ -33,7 +33,7 @@ class RunOverrides(Rewrite):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         name = callee_name(original_node)
-        if name not in TRANSFORMERS_ARGUMENTS and name not in TRL_CONFIGS:
+        if name not in TRAINING_ARGUMENTS:
             return updated_node
         for argument, overridden_by in OVERRIDDEN_BY.items():
             given = keyword(original_node, argument)

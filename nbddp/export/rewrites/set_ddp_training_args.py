@@ -40,6 +40,7 @@ TRL_CONFIGS = {
     "CPOConfig",
     "UnslothTrainingArguments",
 }
+TRAINING_ARGUMENTS = TRANSFORMERS_ARGUMENTS | TRL_CONFIGS  # the calls this rewrite and run-overrides edit
 DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True"}
 
 
@@ -57,11 +58,11 @@ class SetDdpTrainingArgs(Rewrite):
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         name = callee_name(original_node)
-        if name in TRANSFORMERS_ARGUMENTS or name in TRL_CONFIGS:
+        if name in TRAINING_ARGUMENTS:
             updated_node = self._set_ddp_defaults(original_node, updated_node)
             updated_node = self._guard_precision(original_node, updated_node, trl=name in TRL_CONFIGS)
             updated_node = self._wrap_optimizer(original_node, updated_node)
-        if name in TRANSFORMERS_ARGUMENTS or name in TRL_CONFIGS or (name or "").endswith("Trainer"):
+        if name in TRAINING_ARGUMENTS or (name or "").endswith("Trainer"):
             updated_node = self._cap_dataset_num_proc(original_node, updated_node)
         return updated_node
 
