@@ -96,12 +96,16 @@ def _read_notebook(path: Path):
         ) from err
     if not isinstance(data, dict):
         raise NotebookError(where, "not a notebook: the file's JSON is not an object")
+    # A 4.5 cell without an id: Jupyter gives it one when it opens the notebook, and so does nbformat (reading,
+    # validating), with a warning for whoever writes the file (three lines on stderr of every export otherwise).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MissingIDFieldWarning)
+        return _read_and_validate(text, where)
+
+
+def _read_and_validate(text, where):
     try:
-        with warnings.catch_warnings():
-            # A 4.5 cell without an id: Jupyter gives it one when it opens the notebook, and so does nbformat,
-            # with a warning for whoever writes the file (three lines on stderr of every export otherwise).
-            warnings.simplefilter("ignore", MissingIDFieldWarning)
-            notebook = nbformat.reads(text, as_version=4)
+        notebook = nbformat.reads(text, as_version=4)
         if notebook.nbformat_minor < CELL_IDS_MINOR and any("id" in cell for cell in notebook.cells):
             # Colab and other editors write cell ids (nbformat 4.5) into notebooks marked 4.0-4.4; Jupyter opens
             # them, so read them as 4.5 notebooks, whose schema still checks every id.
@@ -111,9 +115,7 @@ def _read_notebook(path: Path):
                 # Export never reads outputs, and Colab saves some that the schema refuses (`metadata` in a
                 # stream output): a notebook Jupyter opens must not be refused for them.
                 cell.outputs = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", MissingIDFieldWarning)
-            nbformat.validate(notebook)
+        nbformat.validate(notebook)
     except nbformat.ValidationError as err:
         path_in_notebook = list(err.absolute_path)
         cell = path_in_notebook[1] + 1 if path_in_notebook[:1] == ["cells"] and len(path_in_notebook) > 1 else None
