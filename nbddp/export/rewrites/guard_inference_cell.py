@@ -95,15 +95,15 @@ class GuardInferenceCell(Rewrite):
         setup = _leading_setup(original_node)
         message = f"the cell generates text ({generation}): it runs on the main process only, then ddp.barrier()"
         self.record(first, message)
-        for statement in original_node.body[:setup]:
+        for index, statement in enumerate(original_node.body):
             for name in _rebound_names(statement):
-                self.record(statement, f"`{name}` is rebound from its old value before the main-process block, on "
-                                       f"every rank, so that all ranks go on with the same `{name}`")
-        for statement in original_node.body[setup:]:
-            for name in _rebound_names(statement):
-                self.record(statement, f"`{name}` is rebound from its old value on the main process only; the other "
-                                       f"ranks keep the old `{name}` (move that line to a cell of its own to run it "
-                                       "on every rank)")
+                if index < setup:
+                    self.record(statement, f"`{name}` is rebound from its old value before the main-process block, "
+                                           f"on every rank, so that all ranks go on with the same `{name}`")
+                else:
+                    self.record(statement, f"`{name}` is rebound from its old value on the main process only; the "
+                                           f"other ranks keep the old `{name}` (move that line to a cell of its own "
+                                           "to run it on every rank)")
         guarded = rank0_block(updated_node.with_changes(body=updated_node.body[setup:]))
         return guarded.with_changes(body=[*updated_node.body[:setup], *guarded.body])
 
