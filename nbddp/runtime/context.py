@@ -101,9 +101,10 @@ class DistributedContext:
             return steps
         if not text.strip().isdigit() or int(text) < 1:
             raise UsageError(f"NBDDP_MAX_STEPS={text!r}: expected a whole number of steps, 1 or more")
-        capped = int(text) if steps is None or steps < 1 else min(int(text), steps)
+        by_epochs = steps is None or steps < 1
+        capped = int(text) if by_epochs else min(int(text), steps)
         if self.is_main_process and capped != steps:
-            written = "its epochs" if steps is None or steps < 1 else f"{steps} steps"
+            written = "its epochs" if by_epochs else f"{steps} steps"
             print(f"nbddp: NBDDP_MAX_STEPS={text.strip()}: training stops after {capped} steps (the notebook says "
                   f"{written})", file=sys.stderr, flush=True)
         return capped
