@@ -49,10 +49,8 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     if "output_dir" in defaults and "output_dir" not in user:
         train["output_dir"] = str(output_dir)
     logs = run_dir / "logs"
-    # A script without an output_dir parameter writes where ddp.output_dir(...) says (run-overrides).
-    redirect = {} if "output_dir" in defaults or "NBDDP_OUTPUT_DIR" in os.environ else {
-        "NBDDP_OUTPUT_DIR": str(output_dir)}
-    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs, extra_env=redirect)
+    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs,
+                              extra_env=smoke.output_dir_environment(defaults, output_dir))
     # The smoke run takes the user's values except the run length and output_dir, which are the training
     # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
     smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}

@@ -84,9 +84,15 @@ def smoke_environment(defaults, run_dir, environ=os.environ):
     env = {}
     if "max_steps" not in defaults and "NBDDP_MAX_STEPS" not in environ:
         env["NBDDP_MAX_STEPS"] = str(SMOKE_DEFAULTS["max_steps"])
-    if "output_dir" not in defaults and "NBDDP_OUTPUT_DIR" not in environ:
-        env["NBDDP_OUTPUT_DIR"] = str(run_dir)
-    return env
+    return env | output_dir_environment(defaults, run_dir, environ)
+
+
+def output_dir_environment(defaults, output_dir, environ=os.environ):
+    """NBDDP_OUTPUT_DIR=`output_dir` for a script without an `output_dir` parameter, unless the user set it: where
+    `ddp.output_dir(...)` points its training arguments (the smoke run's and the training run's folder)."""
+    if "output_dir" in defaults or "NBDDP_OUTPUT_DIR" in environ:
+        return {}
+    return {"NBDDP_OUTPUT_DIR": str(output_dir)}
 
 
 def _collect_metrics(injected, run_dir):
