@@ -46,6 +46,8 @@ class Experiment:
 UNSLOTH_BF16 = {"backend": "unsloth", "load_in_4bit": False}
 UNSLOTH_QLORA = {"backend": "unsloth", "load_in_4bit": True}
 CHECKPOINTED = {"use_gradient_checkpointing": "unsloth"}
+# What `pipeline.py launch` gives each of 2 processes on the 32-core H200 host (cores / processes); torchrun alone: 1.
+LAUNCH_THREADS_2GPU = {"OMP_NUM_THREADS": "16"}
 REFERENCE_BF16_OFF = {"load_in_4bit": False, "use_gradient_checkpointing": "false"}
 
 
@@ -75,7 +77,7 @@ def threads_and_profile(name, why, shape, micro_batch, settings):
         variants={"2gpu": Variant("generated", 2, settings),
                   "1gpu": Variant("generated", 1, settings),
                   "1gpu_omp1": Variant("generated", 1, settings, env={"OMP_NUM_THREADS": "1"}),
-                  "2gpu_omp16": Variant("generated", 2, settings, env={"OMP_NUM_THREADS": "16"})},
+                  "2gpu_omp16": Variant("generated", 2, settings, env=LAUNCH_THREADS_2GPU)},
         order=("2gpu", "1gpu", "1gpu_omp1", "2gpu_omp16"), rounds=2,
         comparisons=(("2gpu", "1gpu"), ("2gpu", "1gpu_omp1"), ("2gpu_omp16", "2gpu"), ("1gpu_omp1", "1gpu")),
     )
@@ -182,10 +184,10 @@ EXPERIMENTS = {
                         "trial): micro batch 4 and 8, 1 vs 2 GPUs, with the CPU threads `pipeline.py launch` "
                         "gives (all cores for one process, half each for two). Unsloth bf16 LoRA.",
             shape="llama-1.1b", micro_batch=4, steps=40, warmup_steps=8,
-            variants={"2gpu": Variant("generated", 2, UNSLOTH_BF16, env={"OMP_NUM_THREADS": "16"}),
+            variants={"2gpu": Variant("generated", 2, UNSLOTH_BF16, env=LAUNCH_THREADS_2GPU),
                       "1gpu": Variant("generated", 1, UNSLOTH_BF16),
                       "2gpu_mb8": Variant("generated", 2, {**UNSLOTH_BF16, "per_device_train_batch_size": 8},
-                                          env={"OMP_NUM_THREADS": "16"}),
+                                          env=LAUNCH_THREADS_2GPU),
                       "1gpu_mb8": Variant("generated", 1, {**UNSLOTH_BF16, "per_device_train_batch_size": 8})},
             order=("2gpu", "1gpu", "2gpu_mb8", "1gpu_mb8"), rounds=2,
             comparisons=(("2gpu", "1gpu"), ("2gpu_mb8", "1gpu_mb8"), ("1gpu_mb8", "1gpu")),
@@ -198,9 +200,9 @@ EXPERIMENTS = {
                         "backward, against one bucket all-reduced after it (168 MB of LoRA gradients, under 1 ms "
                         "over NVLink). Threads as `pipeline.py launch` gives them. Unsloth QLoRA, 3 profiled steps.",
             shape="llama3-8b", micro_batch=2, steps=40, warmup_steps=8, profile_steps=3,
-            variants={"2gpu": Variant("generated", 2, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "16"}),
+            variants={"2gpu": Variant("generated", 2, UNSLOTH_QLORA, env=LAUNCH_THREADS_2GPU),
                       "1gpu": Variant("generated", 1, UNSLOTH_QLORA),
-                      "2gpu_one_bucket": Variant("generated", 2, UNSLOTH_QLORA, env={"OMP_NUM_THREADS": "16"},
+                      "2gpu_one_bucket": Variant("generated", 2, UNSLOTH_QLORA, env=LAUNCH_THREADS_2GPU,
                                                  ddp={"bucket_cap_mb": 1024})},
             order=("2gpu", "1gpu", "2gpu_one_bucket"), rounds=2,
             comparisons=(("2gpu", "1gpu"), ("2gpu_one_bucket", "1gpu"), ("2gpu_one_bucket", "2gpu")),
