@@ -9,6 +9,13 @@ and any rank whose reserved peak is within `CLOSE_TO_LIMIT` of its GPU says so: 
 step's may not fit. The peak is the process's since it started (weights loading included, and the held-out
 loss before step 1 with `eval_on_start`), as the benchmarks measure it. Before training it also checks the
 trainer's per-device batch and `max_length` against those the choice assumed.
+
+When the trainer's gradient accumulation is even and twice its per-device batch is estimated to fit the budget,
+rank 0 adds one line (`larger_micro_batch_tip`; wrapped here):
+
+    nbddp: tip: micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: --per_device_train_batch_size 8
+    --gradient_accumulation_steps 2 keeps the global batch (16 rows per rank and optimizer step) in fewer, fuller
+    micro batches; on a 1.1B model on an H200, micro batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)
 """
 import torch
 from transformers import TrainerCallback
@@ -16,18 +23,23 @@ from transformers import TrainerCallback
 from nbddp.runtime.memory_estimate import GIB, estimate_peak, format_gib
 
 CLOSE_TO_LIMIT = 0.90  # reserved peak over this share of the GPU after step 1: little left for longer rows
+# What a fuller micro batch bought where it was measured (median of 2 pairs, bench/results/batch_1b.json): a
+# host-bound small model gains most, which the tip says rather than promising the same elsewhere.
+MEASURED_GAIN = "on a 1.1B model on an H200, micro batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)"
 
 
 class FirstStepMemoryCheck(TrainerCallback):
     def __init__(self, choice):
         self.choice = choice
         self.estimate_gib = choice.estimate_gib
+        self.seq_len = choice.seq_len  # the trainer's, once on_train_begin has seen it
         self._checked = False
 
     def on_train_begin(self, args, state, control, **kwargs):
         choice = self.choice
         batch = args.per_device_train_batch_size
         seq_len = getattr(args, "max_length", None) or choice.seq_len  # SFTConfig's; plain TrainingArguments have none
+        self.seq_len = seq_len
         if (batch, seq_len) == (choice.micro_batch, choice.seq_len) or choice.shape is None:
             return
         self.estimate_gib = estimate_peak(choice.shape, seq_len, batch, choice.mode, choice.transformers_peft)["total_gib"]
@@ -47,6 +59,10 @@ class FirstStepMemoryCheck(TrainerCallback):
                                             total / GIB, str(device))
         if state.is_world_process_zero:
             print(f"nbddp: {report}", flush=True)
+            tip = larger_micro_batch_tip(self.choice, args.per_device_train_batch_size,
+                                         args.gradient_accumulation_steps, self.seq_len)
+            if tip:
+                print(f"nbddp: tip: {tip}", flush=True)
         if warning:
             print(f"nbddp: warning: rank {args.process_index}: {warning}", flush=True)
 
@@ -63,3 +79,20 @@ def first_step_report(mode: str, estimate_gib: float | None, peak_gib: float, re
               else "use --use_gradient_checkpointing true or unsloth, or a smaller batch")
     return report, (f"{device} holds {reserved_gib:.1f} of {total_gib:.1f} GiB after step 1, within "
                     f"{1 - CLOSE_TO_LIMIT:.0%} of its memory: longer rows may run out of memory; {advice}")
+
+
+def larger_micro_batch_tip(choice, batch: int, accumulation: int, seq_len: int) -> str | None:
+    """What to say when twice the per-device `batch` is estimated to fit `choice`'s budget and halving an even
+    gradient `accumulation` keeps the global batch; None otherwise (no shape or budget to estimate with)."""
+    # Odd accumulation cannot be halved, so a doubled micro batch would change the global batch, and with it
+    # the training run; that is the user's call, not a speed tip.
+    if accumulation < 2 or accumulation % 2 or choice.shape is None or choice.budget_gib is None:
+        return None
+    larger = 2 * batch
+    estimate_gib = estimate_peak(choice.shape, seq_len, larger, choice.mode, choice.transformers_peft)["total_gib"]
+    if estimate_gib > choice.budget_gib:
+        return None
+    return (f"micro batch {larger} is estimated at {format_gib(estimate_gib)} GiB, within the "
+            f"{choice.budget_gib:.1f} GiB budget: --per_device_train_batch_size {larger} "
+            f"--gradient_accumulation_steps {accumulation // 2} keeps the global batch ({batch * accumulation} rows "
+            f"per rank and optimizer step) in fewer, fuller micro batches; {MEASURED_GAIN}")

@@ -7,17 +7,18 @@ import pytest
 import torch
 
 from nbddp.runtime.checkpointing import CheckpointingChoice
-from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck, first_step_report
+from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck, first_step_report, larger_micro_batch_tip
 from nbddp.runtime.memory_estimate import GIB, estimate_peak, shape_from_config
 
-LLAMA_8B = json.loads((Path(__file__).resolve().parents[2] / "bench" / "configs" / "llama3-8b" / "config.json").read_text())
-SHAPE = shape_from_config(LLAMA_8B, False, 16)
+CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
+SHAPE = shape_from_config(json.loads((CONFIGS / "llama3-8b" / "config.json").read_text()), False, 16)
+SHAPE_1B = shape_from_config(json.loads((CONFIGS / "llama-1.1b" / "config.json").read_text()), False, 16)
 
 
-def choice(mode="off", micro_batch=2, seq_len=2048):
-    estimates = {m: estimate_peak(SHAPE, seq_len, micro_batch, m) for m in ("off", "true", "unsloth")}
-    return CheckpointingChoice("auto", mode, "auto: the cheapest mode that fits", seq_len, micro_batch, SHAPE,
-                               estimates=estimates, capacity_gib=139.0, budget_gib=118.2)
+def choice(mode="off", micro_batch=2, seq_len=2048, shape=SHAPE, budget_gib=118.2):
+    estimates = {m: estimate_peak(shape, seq_len, micro_batch, m) for m in ("off", "true", "unsloth")}
+    return CheckpointingChoice("auto", mode, "auto: the cheapest mode that fits", seq_len, micro_batch, shape,
+                               estimates=estimates, capacity_gib=139.0, budget_gib=budget_gib)
 
 
 def test_report_puts_measured_next_to_estimated():
@@ -47,9 +48,48 @@ def test_report_without_an_estimate():
     assert "(no estimate with gradient checkpointing true)" in report
 
 
-def args(batch=2, max_length=2048, device="cuda:0"):
+def test_the_tip_doubles_the_micro_batch_and_halves_the_accumulation():
+    # batch_1b's shape and budget: micro batch 8 measured 20.5 GiB there.
+    tip = larger_micro_batch_tip(choice(micro_batch=4, shape=SHAPE_1B, budget_gib=119.34), 4, 4, 2048)
+    assert tip == ("micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: "
+                   "--per_device_train_batch_size 8 --gradient_accumulation_steps 2 keeps the global batch (16 rows "
+                   "per rank and optimizer step) in fewer, fuller micro batches; on a 1.1B model on an H200, micro "
+                   "batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)")
+
+
+def test_the_tip_estimates_the_batch_and_length_the_trainer_runs():
+    # Unsloth's notebook defaults (batch 2, accumulation 4) at 8B: batch 4 is 46.8 GiB.
+    tip = larger_micro_batch_tip(choice(mode="unsloth"), 2, 4, 2048)
+    estimate = estimate_peak(SHAPE, 2048, 4, "unsloth")["total_gib"]
+    assert tip.startswith(f"micro batch 4 is estimated at {estimate:.1f} GiB, within the 118.2 GiB budget: "
+                          "--per_device_train_batch_size 4 --gradient_accumulation_steps 2 keeps the global batch "
+                          "(8 rows per rank")
+    tip = larger_micro_batch_tip(choice(), 2, 8, 4096)
+    assert tip.startswith(f"micro batch 4 is estimated at {estimate_peak(SHAPE, 4096, 4, 'off')['total_gib']:.1f} GiB")
+    assert "--gradient_accumulation_steps 4 keeps the global batch (16 rows" in tip
+
+
+@pytest.mark.parametrize("accumulation", [1, 3, 5])
+def test_no_tip_when_halving_the_accumulation_would_change_the_global_batch(accumulation):
+    assert larger_micro_batch_tip(choice(), 2, accumulation, 2048) is None
+
+
+def test_no_tip_when_the_doubled_batch_does_not_fit():
+    # 8B without checkpointing: batch 8 is 76.5 GiB, batch 16 135.9 GiB against a 118.2 GiB budget.
+    assert larger_micro_batch_tip(choice(), 4, 2, 2048) is not None
+    assert larger_micro_batch_tip(choice(), 8, 2, 2048) is None
+
+
+def test_no_tip_without_a_shape_or_a_budget():
+    shapeless = CheckpointingChoice("auto", "unsloth", "auto: no widths", 2048, 2, budget_gib=118.2)
+    assert larger_micro_batch_tip(shapeless, 2, 4, 2048) is None
+    on_cpu = CheckpointingChoice("auto", "off", "auto: no GPU", 2048, 2)
+    assert larger_micro_batch_tip(on_cpu, 2, 4, 2048) is None
+
+
+def args(batch=2, max_length=2048, device="cuda:0", accumulation=1):
     return SimpleNamespace(per_device_train_batch_size=batch, max_length=max_length, device=torch.device(device),
-                           process_index=0)
+                           process_index=0, gradient_accumulation_steps=accumulation)
 
 
 STATE = SimpleNamespace(is_world_process_zero=True)
@@ -101,4 +141,34 @@ def test_other_ranks_only_warn(measured, capsys):
 def test_nothing_to_check_on_a_cpu(measured, capsys):
     measured(30.0, 33.0, 139.8)
     FirstStepMemoryCheck(choice()).on_step_end(args(device="cpu"), STATE, None)
+    assert capsys.readouterr().out == ""
+
+
+def test_rank_0_adds_the_tip_after_the_first_step(measured, capsys):
+    measured(30.0, 33.0, 139.8)
+    check = FirstStepMemoryCheck(choice())
+    check.on_train_begin(args(accumulation=4), STATE, None)
+    check.on_step_end(args(accumulation=4), STATE, None)
+    check.on_step_end(args(accumulation=4), STATE, None)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2
+    assert lines[1].startswith("nbddp: tip: micro batch 4 is estimated at 46.8 GiB, within the 118.2 GiB budget: "
+                               "--per_device_train_batch_size 4 --gradient_accumulation_steps 2 ")
+
+
+def test_the_tip_follows_the_trainers_length(measured, capsys):
+    # Chosen for 2 x 2048; the trainer runs 4 x 4096, whose doubled batch (8 x 4096) is over the budget.
+    measured(60.0, 64.0, 139.8)
+    check = FirstStepMemoryCheck(choice())
+    check.on_train_begin(args(batch=4, max_length=4096, accumulation=2), STATE, None)
+    capsys.readouterr()
+    check.on_step_end(args(batch=4, max_length=4096, accumulation=2), STATE, None)
+    assert [line for line in capsys.readouterr().out.splitlines() if "tip" in line] == []
+    assert larger_micro_batch_tip(choice(), 4, 2, 2048) is not None  # at the chosen length it would fit
+
+
+def test_other_ranks_give_no_tip(measured, capsys):
+    measured(30.0, 33.0, 139.8)
+    FirstStepMemoryCheck(choice()).on_step_end(args(accumulation=4), SimpleNamespace(is_world_process_zero=False),
+                                               None)
     assert capsys.readouterr().out == ""
