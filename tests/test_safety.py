@@ -1,5 +1,5 @@
-"""Safety: parameter values are literals and never code, no shell anywhere, and no remote model code unless the
-notebook asks for it."""
+"""Safety: parameter values are literals and never code, no shell but for a notebook's own `!command`, and no remote
+model code unless the notebook asks for it."""
 import ast
 import os
 import subprocess
@@ -93,9 +93,12 @@ def test_the_detector_finds_shell_calls():
     assert shell_uses("subprocess.run(['ls'], shell=False)\n", "x.py") == []
 
 
-def test_no_shell_anywhere_in_nbddp_or_the_cli():
+def test_no_shell_in_nbddp_or_the_cli_but_the_notebooks_own_commands():
     found = [use for path in python_files() for use in shell_uses(path.read_text(), str(path.relative_to(REPO)))]
-    assert found == []
+    # DistributedContext.shell runs a notebook's `!command`, which export writes into the script as the string
+    # literal the author typed (a command with IPython's {...}/$name expansion is refused), so no parameter
+    # value ever reaches a shell.
+    assert [use.split(":")[0] for use in found] == ["nbddp/runtime/context.py"]
     assert len(python_files()) > 20  # the walk saw the package
 
 

@@ -10,9 +10,11 @@ import functools
 import importlib.util
 import inspect
 import os
+import subprocess
 import sys
 import threading
 from datetime import timedelta
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -83,6 +85,27 @@ class DistributedContext:
         `display` is IPython's in a kernel, nbddp's printing one in a script (see nbddp.runtime.script_display)."""
         if value is not None and self.is_main_process:
             builtins.display(value)
+
+    def shell(self, command):
+        """A notebook's `!command`: run through the shell once per machine (local rank 0) while the machine's
+        other ranks wait, so that a `!wget` or `!git clone` fetches once and every rank then finds the files.
+        A command that fails stops the script (CalledProcessError): Jupyter would go on to the next cell,
+        which then fails further from the cause."""
+        with self.main_process_first():
+            if self.local_rank == 0:
+                sys.stdout.flush()  # the command's output after what the script printed before it
+                subprocess.run(command, shell=True, check=True)
+
+    def write_file(self, path, text, append=False):
+        """A notebook's `%%writefile [-a] path` cell: write its text once per machine (local rank 0) while the
+        other ranks wait, and say so as IPython does."""
+        with self.main_process_first():
+            if self.local_rank == 0:
+                path = Path(path).expanduser()
+                verb = "Appending to" if append else "Overwriting" if path.exists() else "Writing"
+                with open(path, "a" if append else "w", encoding="utf-8") as file:
+                    file.write(text)
+                print(f"{verb} {path}", flush=True)
 
     def device_properties(self):
         """For a notebook's `torch.cuda.get_device_properties(0)`: this rank's GPU; on the CPU a stand-in with the

@@ -189,6 +189,19 @@ def test_env_sets_os_environ_and_imports_os_once():
     ]
 
 
+@pytest.mark.parametrize(
+    "magic, statement",
+    [("%cd OpenEnv", 'os.chdir("OpenEnv")'), ("%cd ~/work dir", None), ("%cd '~/work dir'", 'os.chdir(os.path.expanduser("~/work dir"))')],
+)
+def test_cd_changes_directory_in_python(magic, statement):
+    if statement is None:
+        assert convert_error(magic + "\n").message == f"`{magic}` is not a plain `%cd path`"
+        return
+    code, changes = convert(f"!git clone https://github.com/meta-pytorch/OpenEnv.git\n{magic}\n")
+    assert code == f'import os\nddp.shell("git clone https://github.com/meta-pytorch/OpenEnv.git")\n{statement}\n'
+    assert changes[1] == (2, f"`{magic}` -> {statement}")
+
+
 def test_env_does_not_import_os_twice():
     code, _ = convert("import os\n%env A=1\n")
     assert code == 'import os\nos.environ["A"] = "1"\n'
@@ -230,18 +243,76 @@ def test_time_magics_keep_their_code():
 @pytest.mark.parametrize(
     "cell, line, message",
     [
-        ("x = 1\n!ls -la\n", 2, "shell command `!ls -la` cannot run in the script"),
+        ("x = 1\n!ls {path}\n", 2,
+         "shell command `!ls {path}` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
+        ("!echo $HOME\n", 1, "shell command `!echo $HOME` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
         ("files = !ls\n", 1, "`!ls` has no equivalent in a script"),
         ("%timeit sum(range(9))\n", 1, "magic `%timeit sum(range(9))` has no equivalent in a script"),
         ("x = 1\nx?\n", 2, "magic `%pinfo x` has no equivalent in a script"),
         ("%%bash\nls\n", 1, "cell magic `%%bash` has no equivalent in a script"),
-        ("%%capture\nx = 1\n\n!nvidia-smi\n", 4, "shell command `!nvidia-smi` cannot run in the script"),
+        ("%%capture\nx = 1\n\n!mkdir -p data/{a,b}\n", 4,
+         "shell command `!mkdir -p data/{a,b}` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
+        ("%%writefile\nx = 1\n", 1, "`%%writefile` is not `%%writefile [-a] path`"),
+        ("%%writefile a.py b.py\nx = 1\n", 1, "`%%writefile a.py b.py` is not `%%writefile [-a] path`"),
     ],
 )
 def test_other_magics_are_errors_at_their_line(cell, line, message):
     error = convert_error(cell)
     assert (error.line, error.message) == (line, message)
     assert "notebook-only" in error.hint
+
+
+def test_shell_commands_run_once_per_machine_on_their_lines():
+    code, changes = convert(
+        """\
+        %%capture
+        import os
+        !git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1
+        if not os.path.exists("audio.mp3"):
+            !wget -qqq https://example.org/speech.mp3 \\
+                -O "audio.mp3"
+        x = 1
+        """
+    )
+    assert code == dedent(
+        """\
+        # nbddp: dropped %%capture
+        import os
+        ddp.shell("git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1")
+        if not os.path.exists("audio.mp3"):
+            ddp.shell("wget -qqq https://example.org/speech.mp3          -O \\"audio.mp3\\"")
+
+        x = 1
+        """
+    )
+    assert [line for line, _ in changes] == [1, 3, 5]
+    assert changes[1][1] == ("`!git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1` -> ddp.shell(...): "
+                             "runs once per machine, the other ranks wait; a failing command stops the script")
+
+
+@pytest.mark.parametrize(
+    "magic, call",
+    [
+        ("%%writefile export_model.py", 'ddp.write_file("export_model.py", (  # %%writefile export_model.py'),
+        ("%%file -a notes.txt", 'ddp.write_file("notes.txt", (  # %%file -a notes.txt'),
+    ],
+)
+def test_writefile_writes_the_cells_text_once_per_machine_one_line_per_line(magic, call):
+    text = 'import os\nprint("it\'s \\\\ here")\n\n'
+    code, changes = convert(f"{magic}\n{text}")
+    append = ", append=True" if "-a" in magic else ""
+    assert code == f"{call}\n    'import os\\n'\n    'print(\"it\\'s \\\\\\\\ here\")\\n'\n    '\\n'){append})\n"
+    assert len(code.splitlines()) == len(f"{magic}\n{text}".splitlines())
+    written = {}
+    exec(code, {"ddp": type("Ddp", (), {"write_file": lambda self, path, text, append=False: written.update(
+        path=path, text=text, append=append)})()})
+    assert written["text"] == text and written["append"] == bool(append)
+    assert changes[0][0] == 1 and "written once per machine" in changes[0][1]
+
+
+def test_writefile_of_an_empty_cell_writes_an_empty_file():
+    code, _ = convert("%%writefile empty.txt\n")
+    assert code == 'ddp.write_file("empty.txt", "")  # %%writefile empty.txt\n'
 
 
 def test_capture_into_a_variable_is_an_error():

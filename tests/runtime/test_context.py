@@ -99,6 +99,30 @@ def test_a_cells_last_value_is_displayed_once_by_the_main_process_unless_none(mo
     assert shown == [["the generated text"], 0]
 
 
+def test_shell_runs_a_command_on_local_rank_0_only(single_process, tmp_path, capfd):
+    single_process.shell(f"echo fetched > {tmp_path / 'a'} && echo done")
+    assert (tmp_path / "a").read_text() == "fetched\n"
+    assert capfd.readouterr().out == "done\n"
+    DistributedContext(rank=1, local_rank=1, world_size=2).shell(f"echo again > {tmp_path / 'a'}")
+    assert (tmp_path / "a").read_text() == "fetched\n"
+
+
+def test_a_failing_shell_command_stops_the_script(single_process):
+    with pytest.raises(subprocess.CalledProcessError, match="exit status 3"):
+        single_process.shell("exit 3")
+
+
+def test_write_file_writes_once_per_machine_and_says_so_as_ipython_does(single_process, tmp_path, capsys):
+    path = tmp_path / "export_model.py"
+    single_process.write_file(str(path), "import os\n")
+    single_process.write_file(str(path), "x = 1\n", append=True)
+    DistributedContext(rank=1, local_rank=1, world_size=2).write_file(str(path), "lost\n")
+    assert path.read_text() == "import os\nx = 1\n"
+    single_process.write_file(str(path), "y = 2\n")
+    assert path.read_text() == "y = 2\n"
+    assert capsys.readouterr().out.splitlines() == [f"Writing {path}", f"Appending to {path}", f"Overwriting {path}"]
+
+
 def test_device_properties_on_cpu_have_what_memory_stats_cells_read(single_process):
     properties = single_process.device_properties()
     assert properties.name == "CPU (no GPU)" and properties.total_memory > 2 ** 30  # this host's memory
@@ -203,6 +227,7 @@ WORKER = textwrap.dedent(
         if ddp.local_rank == 0:
             time.sleep(1.0)  # rank 1 would enter now if it did not wait
         note("leave")
+    ddp.shell(f"echo {ddp.rank} shell >> {sys.argv[1]}")  # a notebook's `!command`: once per machine
     ddp.barrier()
     note(f"after-barrier world_size={ddp.world_size} local_world_size={ddp.local_world_size} device={ddp.device}")
 
@@ -227,6 +252,8 @@ def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     events = log.read_text().splitlines()
+    assert [event for event in events if "shell" in event] == ["0 shell"]  # rank 0 may run it while rank 1 enters
+    events = [event for event in events if "shell" not in event]
     assert events[:4] == ["0 enter", "0 leave", "1 enter", "1 leave"]
     assert sorted(events[4:]) == [
         "0 after-barrier world_size=2 local_world_size=2 device=cpu",

@@ -7,9 +7,15 @@ module never guesses at IPython's syntax; `ConvertMagics` then replaces those ca
   environment that already has its packages;
 - `%matplotlib`, `%autoreload`, `%load_ext autoreload`, `%env` without a value -> dropped (interactive only);
 - `%env A=1` / `%env A 1` -> `os.environ["A"] = "1"`;
+- `%cd path` -> `os.chdir("path")` (after a `!git clone`, notebooks `%cd` into the clone);
 - `%run NN_x.ipynb` of a stage -> dropped (the stage is part of the script already);
 - `%%capture`, `%%time`, `%time` -> their body, itself converted;
+- `!command` (`git clone`, `wget`, ...) -> `ddp.shell("command")`: once per machine, the other ranks waiting;
+- `%%writefile [-a] path` (or `%%file`) -> `ddp.write_file("path", "<the cell's text>")`, likewise once;
 - anything else -> `NotebookError` at the magic's line, with a hint.
+
+A shell command with `{...}` or `$name` is refused: IPython fills those in from the notebook's variables
+(and leaves them to the shell when that fails), which a plain string in the script would not do.
 
 A dropped line leaves a `# nbddp: dropped …` comment, or `pass  # nbddp: dropped …` where Python
 needs a statement (an `if` whose only body was `!pip install`). Lines keep their numbers: a joined
@@ -51,6 +57,7 @@ PACKAGE_MAGICS = {"pip", "uv", "conda", "mamba", "micromamba"}
 INTERACTIVE_MAGICS = {"matplotlib", "autoreload"}
 ENV_MAGICS = {"env", "set_env"}
 BODY_CELL_MAGICS = {"capture", "time"}
+WRITEFILE_MAGICS = {"writefile", "file"}
 COLAB_FORM = "#@"  # Colab's form annotations: `#@title Install { display-mode: "form" }`, `x = 1  #@param`
 
 
@@ -166,7 +173,7 @@ class ConvertMagics(Rewrite):
     NAME = "convert-magics"
     DESCRIPTION = (
         "Drop package installs and display-only magics, turn %env into os.environ, keep the body of "
-        "%%capture/%%time; any other magic or shell command is an error."
+        "%%capture/%%time, run shell commands and %%writefile once per machine; any other magic is an error."
     )
 
     def __init__(self, location: CellLocation, context: ExportContext = ExportContext(), line_offset: int = 0):
@@ -200,6 +207,8 @@ class ConvertMagics(Rewrite):
     def _convert_cell_magic(self, module: cst.Module, call: cst.Call) -> cst.Module:
         name, line, body = (arg.value.evaluated_value for arg in call.args)
         text = magic_text(call)
+        if name in WRITEFILE_MAGICS:
+            return self._convert_writefile(module, call, line, body, text)
         if name not in BODY_CELL_MAGICS:
             self.fail(call, f"cell magic `{text}` has no equivalent in a script", hint=NOTEBOOK_ONLY_HINT)
         if name == "capture" and any(not word.startswith("-") for word in line.split()):
@@ -218,6 +227,27 @@ class ConvertMagics(Rewrite):
             has_trailing_newline=module.has_trailing_newline,  # IPython ends the body with a newline
         )
 
+    def _convert_writefile(self, module: cst.Module, call: cst.Call, line: str, body: str, text: str) -> cst.Module:
+        words = _words(line)
+        append = words[:1] == ["-a"]
+        if append:
+            words = words[1:]
+        if len(words) != 1 or words[0].startswith("-"):
+            self.fail(call, f"`{text}` is not `%%writefile [-a] path`", hint=NOTEBOOK_ONLY_HINT)
+        # One line of the script per line of the cell: the call opens on the magic's line and each line of
+        # the text is a string literal on its own line, so a traceback's line numbers still point into the cell.
+        body_lines = body.splitlines(keepends=True)
+        mode = ", append=True" if append else ""
+        if body_lines:
+            literals = "".join(f"\n    {line_text!r}" for line_text in body_lines)
+            code = f"ddp.write_file({_quoted(words[0])}, (  # {text}{literals}){mode})\n"
+        else:
+            code = f"ddp.write_file({_quoted(words[0])}, \"\"{mode})  # {text}\n"
+        self.record(call, f"`{text}` -> ddp.write_file({_quoted(words[0])}, ...{mode}): written once per machine")
+        converted = cst.parse_module(code)
+        return converted.with_changes(header=[*module.header, *converted.header], footer=module.footer,
+                                      has_trailing_newline=module.has_trailing_newline)
+
     # Line magics and shell escapes, one statement each.
 
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> bool:
@@ -235,11 +265,7 @@ class ConvertMagics(Rewrite):
         if method == "system" and is_package_command(text[1:]):
             return self._drop(original_node, call, f"dropped `{text}` (install packages before running the script)")
         if method == "system":
-            self.fail(
-                call,
-                f"shell command `{text}` cannot run in the script",
-                hint=NOTEBOOK_ONLY_HINT + ", or call it from Python with subprocess.run",
-            )
+            return self._convert_shell(original_node, call, text[1:], text)
         if method == "run_cell_magic":  # not the whole cell: written by hand
             self.fail(call, f"`{text}` has no equivalent in a script", hint=NOTEBOOK_ONLY_HINT)
         name, args = (arg.value.evaluated_value for arg in call.args)
@@ -252,6 +278,8 @@ class ConvertMagics(Rewrite):
             return self._drop(line, call, f"dropped `{text}` (interactive only)")
         if name in ENV_MAGICS:
             return self._convert_env(line, call, args, text)
+        if name == "cd":
+            return self._convert_cd(line, call, args, text)
         if name == "run" and self._runs_stage(args):
             return self._drop(line, call, f"dropped `{text}` (that stage is part of the script)")
         if name == "run":
@@ -265,6 +293,29 @@ class ConvertMagics(Rewrite):
             statement = self._parse_statement(call, args)
             return statement.with_changes(leading_lines=line.leading_lines)
         self.fail(call, f"magic `{text}` has no equivalent in a script", hint=NOTEBOOK_ONLY_HINT)
+
+    def _convert_shell(self, line, call, command, text):
+        if "{" in command or "$" in command:
+            self.fail(
+                call,
+                f"shell command `{text}` uses IPython's `{{...}}`/`$name` expansion, which the script cannot repeat",
+                hint='run it from Python, e.g. subprocess.run(f"...", shell=True, check=True), or ' + NOTEBOOK_ONLY_HINT,
+            )
+        statement = cst.parse_statement(f"ddp.shell({_quoted(command)})\n")
+        self.record(call, f"`{text}` -> ddp.shell(...): runs once per machine, the other ranks wait; "
+                          "a failing command stops the script")
+        return statement.with_changes(leading_lines=line.leading_lines)
+
+    def _convert_cd(self, line, call, args, text):
+        words = _words(args)
+        if len(words) != 1 or words[0].startswith("-") or "$" in args or "{" in args:
+            self.fail(call, f"`{text}` is not a plain `%cd path`", hint='change directory in Python: os.chdir("path")')
+        path = _quoted(words[0])
+        self._needs_os = True
+        statement = cst.parse_statement(
+            f"os.chdir(os.path.expanduser({path}))\n" if words[0].startswith("~") else f"os.chdir({path})\n")
+        self.record(call, f"`{text}` -> {cst.Module([]).code_for_node(statement).strip()}")
+        return statement.with_changes(leading_lines=line.leading_lines)
 
     def _convert_env(self, line, call, args, text):
         separator = "=" if "=" in args else " "
