@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 
 from nbddp.errors import NotebookError
@@ -75,6 +77,25 @@ def test_syntax_error_names_notebook_cell_and_cell_line(source, line, message):
         export_code_cell(cell(source, number=5), STAGES)
     assert (error.value.notebook, error.value.cell, error.value.line) == ("notebooks/02_train.ipynb", 5, line)
     assert str(error.value).startswith(f"notebooks/02_train.ipynb, cell 5, line {line}: ")
+
+
+def test_a_syntax_error_that_only_this_python_makes_says_so():
+    # Colab runs Python 3.12, whose f-strings may reuse the outer quotes (Gemma3_(4B)-Vision-GRPO in unslothai/notebooks)
+    source = 'row = {"image": "a.png"}\nprint(f"{row["image"]}")\n'
+    if sys.version_info >= (3, 12):
+        assert export_code_cell(cell(source), STAGES) is not None
+        return
+    with pytest.raises(NotebookError) as error:
+        export_code_cell(cell(source), STAGES)
+    assert error.value.line == 2
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    assert error.value.hint.startswith(f"a newer Python's grammar accepts this cell, Python {running}'s does not")
+
+
+def test_a_plain_syntax_error_has_no_newer_python_hint():
+    with pytest.raises(NotebookError) as error:
+        export_code_cell(cell("def f(:\n    pass\n"), STAGES)
+    assert error.value.hint is None
 
 
 def test_rewrites_get_the_stage_notebooks_and_the_cell_tags(monkeypatch):

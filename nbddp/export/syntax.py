@@ -1,5 +1,6 @@
 """Syntax errors in code cells, reported at the notebook, cell and line where they are."""
 import ast
+import sys
 import warnings
 
 import libcst as cst
@@ -21,8 +22,21 @@ def check_syntax(location: CellLocation, source: str) -> str:
         try:
             ast.parse(code)
         except SyntaxError as err:
-            raise NotebookError(location.notebook, f"syntax error: {err.msg}", cell=location.cell, line=err.lineno) from err
+            raise NotebookError(location.notebook, f"syntax error: {err.msg}", cell=location.cell, line=err.lineno,
+                                hint=_newer_python_hint(code)) from err
     return code
+
+
+def _newer_python_hint(code: str) -> str | None:
+    """Notebooks written on Colab's newer Python use its grammar (3.12's f-strings reuse the outer quotes inside
+    `{...}`); libcst knows newer grammars than the Python running the export, so its parse tells the two apart."""
+    try:
+        cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        return None
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return (f"a newer Python's grammar accepts this cell, Python {running}'s does not (3.12 allows quotes inside "
+            f"f-strings, for one): export and run the script with a newer Python, or rewrite the line for {running}")
 
 
 def parse_cell(location: CellLocation, source: str) -> cst.Module:
