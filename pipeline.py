@@ -16,6 +16,7 @@ import sys
 
 from nbddp.errors import NbddpError, UsageError
 from nbddp.export import export
+from nbddp.export.help import export_epilog
 from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, launch
 from nbddp.orchestration.regress import regress
 from nbddp.orchestration.run import run
@@ -28,6 +29,8 @@ def add_export_command(subcommands) -> None:
         "export",
         help="write generated/train.py (and its source map) from the stage notebooks",
         description="Export notebooks/NN_*.ipynb, in name order, to one DDP-safe script for torchrun.",
+        epilog=export_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     command.add_argument("--notebooks", default="notebooks", help="folder of the stage notebooks (default: notebooks)")
     command.add_argument("--out", default="generated", help="folder to write train.py into (default: generated)")

@@ -166,3 +166,20 @@ def test_bad_input_exits_2_naming_the_place_and_writes_nothing(project, capsys, 
     for text in expected:
         assert text in err
     assert not (project / "generated").exists()
+
+
+def test_help_lists_the_cell_tags_and_every_rewrite_in_the_order_export_applies_them(capsys):
+    from nbddp.export.notebooks import TAG_MEANINGS
+    from nbddp.export.rewrites import REWRITES
+
+    with pytest.raises(SystemExit) as exited:
+        export("--help")
+    assert exited.value.code == 0
+    text = capsys.readouterr().out
+    names = ["convert-magics", *(rewrite.NAME for rewrite in REWRITES)]
+    positions = [text.index(f"\n  {name} ") for name in names]
+    assert positions == sorted(positions)
+    assert "run shell commands and %%writefile once per machine" in " ".join(text.split())
+    for tag, meaning in TAG_MEANINGS.items():
+        assert f"  {tag}" in text and meaning in " ".join(text.split())
+    assert "injected-parameters" not in text  # papermill's tag, not one an author sets

@@ -15,8 +15,15 @@ from nbddp.export.rewrites.base import CellLocation
 STAGE_GLOB = "[0-9][0-9]_*.ipynb"
 CELL_IDS_MINOR = 5  # nbformat 4.5 added cell ids
 
+# What each tag a notebook author sets tells export (shown by `pipeline.py export --help`).
+TAG_MEANINGS = {
+    "parameters": "papermill's; each name becomes a typed --flag of the script",
+    "notebook-only": "exploration, plots, displays: left out of the script",
+    "rank0": "runs on global rank 0 only, then all ranks meet at a barrier",
+    "main-process-first": "local rank 0 runs it first, the other ranks then reuse its cache",
+}
 # `injected-parameters` is papermill's own tag for the cell it injects; export drops that cell.
-KNOWN_TAGS = ("parameters", "notebook-only", "rank0", "main-process-first", "injected-parameters")
+KNOWN_TAGS = (*TAG_MEANINGS, "injected-parameters")
 
 # Tags that say contradictory things about one cell.
 EXCLUSIVE_TAGS = (("parameters", "rank0"), ("parameters", "main-process-first"), ("rank0", "main-process-first"))

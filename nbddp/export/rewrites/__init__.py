@@ -9,7 +9,7 @@ import difflib
 from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
-from nbddp.export.rewrites.convert_magics import convert_cell
+from nbddp.export.rewrites.convert_magics import ConvertMagics, convert_cell
 from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell
 from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
@@ -40,6 +40,11 @@ REWRITES: list[type[Rewrite]] = [
     RunDatasetsMainProcessFirst,
     GuardRank0SideEffects,
 ]
+
+
+def catalogue() -> list[tuple[str, str]]:
+    """(name, description) of every rewrite, in the order export applies them: magics first."""
+    return [(rewrite.NAME, rewrite.DESCRIPTION) for rewrite in (ConvertMagics, *REWRITES)]
 
 
 def apply(source: str, location: CellLocation, context: ExportContext = ExportContext()) -> tuple[str, list[Change]]:
