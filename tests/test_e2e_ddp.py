@@ -184,7 +184,7 @@ def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook
     assert [save for save in saves if "checkpoint-" not in save] == ["0 lora_model"]
     assert all(save.startswith("0 ") for save in saves)
     assert (work / "lora_model" / "adapter_config.json").is_file()
-    # The notebook's shell command and %%writefile cell ran once (local rank 0), the other rank waiting.
+    # The notebook's shell command and %%writefile cell ran once for the machine's two ranks.
     assert (work / "lora_model" / "NOTES.txt").read_text() == "fine-tuned on the Alpaca rows\n"
     assert (work / "lora_model" / "TRAINING.md").read_text().startswith("# LoRA adapters from the Alpaca fixture")
     assert result.stdout.count("Writing lora_model/TRAINING.md") == 1

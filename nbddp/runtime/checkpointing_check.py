@@ -10,8 +10,8 @@ step's may not fit. The peak is the process's since it started (weights loading 
 loss before step 1 with `eval_on_start`), as the benchmarks measure it. Before training it also checks the
 trainer's per-device batch and `max_length` against those the choice assumed.
 
-When the trainer's gradient accumulation is even and twice its per-device batch is estimated to fit the budget,
-rank 0 adds one line (`larger_micro_batch_tip`; wrapped here):
+When the trainer's gradient accumulation is even and twice its per-device batch is estimated to fit the budget
+(also counting from what step 1 reserved), rank 0 adds one line (`larger_micro_batch_tip`; wrapped here):
 
     nbddp: tip: micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: --per_device_train_batch_size 8
     --gradient_accumulation_steps 2 keeps the global batch (16 rows per rank and optimizer step) in fewer, fuller
@@ -60,7 +60,7 @@ class FirstStepMemoryCheck(TrainerCallback):
         if state.is_world_process_zero:
             print(f"nbddp: {report}", flush=True)
             tip = larger_micro_batch_tip(self.choice, args.per_device_train_batch_size,
-                                         args.gradient_accumulation_steps, self.seq_len)
+                                         args.gradient_accumulation_steps, self.seq_len, reserved / GIB)
             if tip:
                 print(f"nbddp: tip: {tip}", flush=True)
         if warning:
@@ -81,16 +81,20 @@ def first_step_report(mode: str, estimate_gib: float | None, peak_gib: float, re
                     f"{1 - CLOSE_TO_LIMIT:.0%} of its memory: longer rows may run out of memory; {advice}")
 
 
-def larger_micro_batch_tip(choice, batch: int, accumulation: int, seq_len: int) -> str | None:
-    """What to say when twice the per-device `batch` is estimated to fit `choice`'s budget and halving an even
-    gradient `accumulation` keeps the global batch; None otherwise (no shape or budget to estimate with)."""
+def larger_micro_batch_tip(choice, batch: int, accumulation: int, seq_len: int, reserved_gib: float) -> str | None:
+    """What to say when twice the per-device `batch` fits `choice`'s budget and halving an even gradient
+    `accumulation` keeps the global batch; None otherwise (no shape or budget to estimate with). It fits when its
+    estimate does and so does what step 1 reserved (`reserved_gib`) plus the estimated growth: the measurement
+    keeps the tip from contradicting a GPU that is already nearly full."""
     # Odd accumulation cannot be halved, so a doubled micro batch would change the global batch, and with it
     # the training run; that is the user's call, not a speed tip.
     if accumulation < 2 or accumulation % 2 or choice.shape is None or choice.budget_gib is None:
         return None
     larger = 2 * batch
-    estimate_gib = estimate_peak(choice.shape, seq_len, larger, choice.mode, choice.transformers_peft)["total_gib"]
-    if estimate_gib > choice.budget_gib:
+    estimate_gib, current_gib = (
+        estimate_peak(choice.shape, seq_len, micro_batch, choice.mode, choice.transformers_peft)["total_gib"]
+        for micro_batch in (larger, batch))
+    if max(estimate_gib, reserved_gib + estimate_gib - current_gib) > choice.budget_gib:
         return None
     return (f"micro batch {larger} is estimated at {format_gib(estimate_gib)} GiB, within the "
             f"{choice.budget_gib:.1f} GiB budget: --per_device_train_batch_size {larger} "

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
 from nbddp.runtime.flags import running_in_kernel
+from nbddp.runtime.once_per_machine import OncePerMachine
 
 # transformers' bitsandbytes optimizers (transformers.trainer_optimizer._BITSANDBYTES_OPTIMIZERS): they need
 # bitsandbytes and a CUDA device.
@@ -55,6 +56,7 @@ class DistributedContext:
         self.restart_count = restart_count  # torchrun restarted the workers this many times (--max-restarts)
         self.resume = resume or restart_count > 0  # a restarted worker continues where the group left off
         self._warned_optimizers = set()
+        self._once = OncePerMachine(local_world_size)
 
     def __repr__(self):
         return f"DistributedContext(rank={self.rank}, world_size={self.world_size}, device={self.device})"
@@ -87,22 +89,24 @@ class DistributedContext:
             builtins.display(value)
 
     def shell(self, command):
-        """A notebook's `!command`: run through the shell once per machine (local rank 0) while the machine's
-        other ranks wait, so that a `!wget` or `!git clone` fetches once and every rank then finds the files.
-        A command that fails stops the script (CalledProcessError): Jupyter would go on to the next cell,
-        which then fails further from the cause."""
-        with self.main_process_first():
-            if self.local_rank == 0:
+        """A notebook's `!command`, run as IPython runs it (`$SHELL -c command`) but once per machine: the first
+        rank of the machine to get here runs it, and one that gets here meanwhile waits for it to finish, so that
+        a `!wget` or `!git clone` fetches once and every rank then finds the files (see once_per_machine; not a
+        collective: a rank that skips the call, under a condition or outside a rank-0 block, waits for nothing).
+        A command that fails stops the script (CalledProcessError): Jupyter would go on to the next cell, which
+        then fails further from the cause."""
+        with self._once.claim(f"shell\0{command}") as first:
+            if first:
                 sys.stdout.flush()  # the command's output after what the script printed before it
-                subprocess.run(command, shell=True, check=True)
+                subprocess.run(command, shell=True, check=True, executable=os.environ.get("SHELL") or None)
 
     def write_file(self, path, text, append=False):
-        """A notebook's `%%writefile [-a] path` cell: write its text once per machine (local rank 0) while the
-        other ranks wait, and say so as IPython does."""
-        with self.main_process_first():
-            if self.local_rank == 0:
+        """A notebook's `%%writefile [-a] path` cell: write its text once per machine, as `shell` runs a command,
+        and say so as IPython does."""
+        with self._once.claim(f"write_file\0{path}\0{append}\0{text}") as first:
+            if first:
                 path = Path(path).expanduser()
-                verb = "Appending to" if append else "Overwriting" if path.exists() else "Writing"
+                verb = ("Appending to" if append else "Overwriting") if path.exists() else "Writing"
                 with open(path, "a" if append else "w", encoding="utf-8") as file:
                     file.write(text)
                 print(f"{verb} {path}", flush=True)

@@ -254,6 +254,10 @@ def test_time_magics_keep_their_code():
          "shell command `!mkdir -p data/{a,b}` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
         ("%%writefile\nx = 1\n", 1, "`%%writefile` is not `%%writefile [-a] path`"),
         ("%%writefile a.py b.py\nx = 1\n", 1, "`%%writefile a.py b.py` is not `%%writefile [-a] path`"),
+        ("%%writefile {out}/cfg.yaml\nx: 1\n", 1,
+         "`%%writefile {out}/cfg.yaml` names its file with IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
+        ("%%writefile -a $name\nx\n", 1,
+         "`%%writefile -a $name` names its file with IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
     ],
 )
 def test_other_magics_are_errors_at_their_line(cell, line, message):

@@ -50,7 +50,7 @@ def test_report_without_an_estimate():
 
 def test_the_tip_doubles_the_micro_batch_and_halves_the_accumulation():
     # batch_1b's shape and budget: micro batch 8 measured 20.5 GiB there.
-    tip = larger_micro_batch_tip(choice(micro_batch=4, shape=SHAPE_1B, budget_gib=119.34), 4, 4, 2048)
+    tip = larger_micro_batch_tip(choice(micro_batch=4, shape=SHAPE_1B, budget_gib=119.34), 4, 4, 2048, 11.9)
     assert tip == ("micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: "
                    "--per_device_train_batch_size 8 --gradient_accumulation_steps 2 keeps the global batch (16 rows "
                    "per rank and optimizer step) in fewer, fuller micro batches; on a 1.1B model on an H200, micro "
@@ -59,32 +59,39 @@ def test_the_tip_doubles_the_micro_batch_and_halves_the_accumulation():
 
 def test_the_tip_estimates_the_batch_and_length_the_trainer_runs():
     # Unsloth's notebook defaults (batch 2, accumulation 4) at 8B, estimated in the chosen mode (unsloth), not off.
-    tip = larger_micro_batch_tip(choice(mode="unsloth"), 2, 4, 2048)
+    tip = larger_micro_batch_tip(choice(mode="unsloth"), 2, 4, 2048, 9.0)
     assert tip.startswith("micro batch 4 is estimated at 18.2 GiB, within the 118.2 GiB budget: "
                           "--per_device_train_batch_size 4 --gradient_accumulation_steps 2 keeps the global batch "
                           "(8 rows per rank")
     # 4 x 4096 tokens, as many as 8 x 2048 (76.5 GiB off), not the chosen 2048's 46.8 GiB.
-    tip = larger_micro_batch_tip(choice(), 2, 8, 4096)
+    tip = larger_micro_batch_tip(choice(), 2, 8, 4096, 50.0)
     assert tip.startswith("micro batch 4 is estimated at 76.5 GiB")
     assert "--gradient_accumulation_steps 4 keeps the global batch (16 rows" in tip
 
 
 @pytest.mark.parametrize("accumulation", [1, 3, 5])
 def test_no_tip_when_halving_the_accumulation_would_change_the_global_batch(accumulation):
-    assert larger_micro_batch_tip(choice(), 2, accumulation, 2048) is None
+    assert larger_micro_batch_tip(choice(), 2, accumulation, 2048, 33.0) is None
 
 
 def test_no_tip_when_the_doubled_batch_does_not_fit():
     # 8B without checkpointing: batch 8 is 76.5 GiB, batch 16 135.9 GiB against a 118.2 GiB budget.
-    assert larger_micro_batch_tip(choice(), 4, 2, 2048) is not None
-    assert larger_micro_batch_tip(choice(), 8, 2, 2048) is None
+    assert larger_micro_batch_tip(choice(), 4, 2, 2048, 50.0) is not None
+    assert larger_micro_batch_tip(choice(), 8, 2, 2048, 80.0) is None
+
+
+def test_no_tip_when_what_step_1_reserved_leaves_no_room_for_the_growth():
+    # 8B off, batch 2 -> 4: estimated 32.0 -> 46.8 GiB (+14.8) against a 118.2 GiB budget.
+    assert larger_micro_batch_tip(choice(), 2, 4, 2048, 103.0) is not None
+    assert larger_micro_batch_tip(choice(), 2, 4, 2048, 104.0) is None
+    assert larger_micro_batch_tip(choice(), 2, 4, 2048, 133.0) is None  # where the step-1 warning fires
 
 
 def test_no_tip_without_a_shape_or_a_budget():
     shapeless = CheckpointingChoice("auto", "unsloth", "auto: no widths", 2048, 2, budget_gib=118.2)
-    assert larger_micro_batch_tip(shapeless, 2, 4, 2048) is None
+    assert larger_micro_batch_tip(shapeless, 2, 4, 2048, 9.0) is None
     on_cpu = CheckpointingChoice("auto", "off", "auto: no GPU", 2048, 2)
-    assert larger_micro_batch_tip(on_cpu, 2, 4, 2048) is None
+    assert larger_micro_batch_tip(on_cpu, 2, 4, 2048, 0.5) is None
 
 
 def args(batch=2, max_length=2048, device="cuda:0", accumulation=1):
@@ -164,7 +171,7 @@ def test_the_tip_follows_the_trainers_length(measured, capsys):
     capsys.readouterr()
     check.on_step_end(args(batch=4, max_length=4096, accumulation=2), STATE, None)
     assert [line for line in capsys.readouterr().out.splitlines() if "tip" in line] == []
-    assert larger_micro_batch_tip(choice(), 4, 2, 2048) is not None  # at the chosen length it would fit
+    assert larger_micro_batch_tip(choice(), 4, 2, 2048, 64.0) is not None  # at the chosen length it would fit
 
 
 def test_other_ranks_give_no_tip(measured, capsys):

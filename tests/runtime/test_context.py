@@ -1,6 +1,7 @@
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from types import SimpleNamespace
 
@@ -99,28 +100,51 @@ def test_a_cells_last_value_is_displayed_once_by_the_main_process_unless_none(mo
     assert shown == [["the generated text"], 0]
 
 
-def test_shell_runs_a_command_on_local_rank_0_only(single_process, tmp_path, capfd):
-    single_process.shell(f"echo fetched > {tmp_path / 'a'} && echo done")
+@pytest.fixture
+def two_ranks_of_one_machine(monkeypatch, tmp_path):
+    """Two ranks' contexts in this process; their once-per-machine files in tmp_path, not the shared /tmp."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    return [DistributedContext(rank=rank, local_rank=rank, world_size=2, local_world_size=2) for rank in (0, 1)]
+
+
+def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capfd, monkeypatch):
+    monkeypatch.setenv("SHELL", "/bin/bash")  # IPython runs $SHELL -c; /bin/sh would put `&>` in the background
+    single_process.shell(f"(sleep 0.2; echo fetched > {tmp_path / 'a'}) &> /dev/null; [[ -f {tmp_path / 'a'} ]] && echo done")
     assert (tmp_path / "a").read_text() == "fetched\n"
     assert capfd.readouterr().out == "done\n"
-    DistributedContext(rank=1, local_rank=1, world_size=2).shell(f"echo again > {tmp_path / 'a'}")
-    assert (tmp_path / "a").read_text() == "fetched\n"
 
 
-def test_a_failing_shell_command_stops_the_script(single_process):
-    with pytest.raises(subprocess.CalledProcessError, match="exit status 3"):
-        single_process.shell("exit 3")
+def test_shell_runs_once_per_machine_each_time_a_rank_asks_again(two_ranks_of_one_machine, tmp_path):
+    rank0, rank1 = two_ranks_of_one_machine
+    log = tmp_path / "log"
+    fetch, other = f"echo fetch >> {log}", f"echo other >> {log}"
+    rank0.shell(fetch)
+    rank1.shell(fetch)  # rank 1 gets there after rank 0 has run it
+    rank1.shell(fetch)  # rank 1 first this time, at the command's second run (a loop, say)
+    rank0.shell(other)
+    rank0.shell(fetch)  # rank 0's second run of it: rank 1 has done that one
+    assert log.read_text().splitlines() == ["fetch", "fetch", "other"]
 
 
-def test_write_file_writes_once_per_machine_and_says_so_as_ipython_does(single_process, tmp_path, capsys):
+def test_a_failing_shell_command_stops_the_script_and_is_not_marked_done(two_ranks_of_one_machine):
+    for rank in two_ranks_of_one_machine:  # each rank tries it, and fails, itself
+        with pytest.raises(subprocess.CalledProcessError, match="exit status 3"):
+            rank.shell("exit 3")
+
+
+def test_write_file_writes_once_per_machine_and_says_so_as_ipython_does(two_ranks_of_one_machine, tmp_path, capsys):
+    rank0, rank1 = two_ranks_of_one_machine
     path = tmp_path / "export_model.py"
-    single_process.write_file(str(path), "import os\n")
-    single_process.write_file(str(path), "x = 1\n", append=True)
-    DistributedContext(rank=1, local_rank=1, world_size=2).write_file(str(path), "lost\n")
+    rank0.write_file(str(path), "import os\n")
+    rank1.write_file(str(path), "import os\n")
+    rank0.write_file(str(path), "x = 1\n", append=True)
     assert path.read_text() == "import os\nx = 1\n"
-    single_process.write_file(str(path), "y = 2\n")
+    rank0.write_file(str(path), "y = 2\n")
+    rank0.write_file(str(tmp_path / "new.txt"), "z\n", append=True)
     assert path.read_text() == "y = 2\n"
-    assert capsys.readouterr().out.splitlines() == [f"Writing {path}", f"Appending to {path}", f"Overwriting {path}"]
+    assert capsys.readouterr().out.splitlines() == [f"Writing {path}", f"Appending to {path}", f"Overwriting {path}",
+                                                    f"Writing {tmp_path / 'new.txt'}"]
 
 
 def test_device_properties_on_cpu_have_what_memory_stats_cells_read(single_process):
@@ -213,7 +237,7 @@ def test_too_few_gpus_for_the_local_rank_is_a_usage_error(monkeypatch):
 
 WORKER = textwrap.dedent(
     """\
-    import atexit, sys, time
+    import atexit, os, sys, time
     from nbddp.runtime.context import init_distributed
 
     ddp = init_distributed()
@@ -227,7 +251,15 @@ WORKER = textwrap.dedent(
         if ddp.local_rank == 0:
             time.sleep(1.0)  # rank 1 would enter now if it did not wait
         note("leave")
-    ddp.shell(f"echo {ddp.rank} shell >> {sys.argv[1]}")  # a notebook's `!command`: once per machine
+    # A notebook's `!command` as notebooks write it: under a condition that a rank arriving after the download
+    # finds false, and in a block only rank 0 runs. Neither may leave the other rank waiting at the barrier.
+    fetched = os.path.join(sys.argv[2], "fetched")
+    if ddp.rank == 1:
+        time.sleep(0.5)
+    if not os.path.exists(fetched):
+        ddp.shell(f"echo {ddp.rank} shell >> {sys.argv[1]} && touch {fetched}")
+    if ddp.is_main_process:
+        ddp.shell(f"echo 0 rank0-shell >> {sys.argv[1]}")
     ddp.barrier()
     note(f"after-barrier world_size={ddp.world_size} local_world_size={ddp.local_world_size} device={ddp.device}")
 
@@ -252,7 +284,8 @@ def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     events = log.read_text().splitlines()
-    assert [event for event in events if "shell" in event] == ["0 shell"]  # rank 0 may run it while rank 1 enters
+    # Rank 0 may run the commands while rank 1 enters; each ran once, and nobody waited forever.
+    assert sorted(event for event in events if "shell" in event) == ["0 rank0-shell", "0 shell"]
     events = [event for event in events if "shell" not in event]
     assert events[:4] == ["0 enter", "0 leave", "1 enter", "1 leave"]
     assert sorted(events[4:]) == [

@@ -10,11 +10,11 @@ module never guesses at IPython's syntax; `ConvertMagics` then replaces those ca
 - `%cd path` -> `os.chdir("path")` (after a `!git clone`, notebooks `%cd` into the clone);
 - `%run NN_x.ipynb` of a stage -> dropped (the stage is part of the script already);
 - `%%capture`, `%%time`, `%time` -> their body, itself converted;
-- `!command` (`git clone`, `wget`, ...) -> `ddp.shell("command")`: once per machine, the other ranks waiting;
+- `!command` (`git clone`, `wget`, ...) -> `ddp.shell("command")`: once per machine (nbddp.runtime.once_per_machine);
 - `%%writefile [-a] path` (or `%%file`) -> `ddp.write_file("path", "<the cell's text>")`, likewise once;
 - anything else -> `NotebookError` at the magic's line, with a hint.
 
-A shell command with `{...}` or `$name` is refused: IPython fills those in from the notebook's variables
+A shell command or %%writefile path with `{...}` or `$name` is refused: IPython fills those in from the notebook's variables
 (and leaves them to the shell when that fails), which a plain string in the script would not do.
 
 A dropped line leaves a `# nbddp: dropped …` comment, or `pass  # nbddp: dropped …` where Python
@@ -234,6 +234,9 @@ class ConvertMagics(Rewrite):
             words = words[1:]
         if len(words) != 1 or words[0].startswith("-"):
             self.fail(call, f"`{text}` is not `%%writefile [-a] path`", hint=NOTEBOOK_ONLY_HINT)
+        if "{" in line or "$" in line:
+            self.fail(call, f"`{text}` names its file with IPython's `{{...}}`/`$name` expansion, which the script "
+                            "cannot repeat", hint="write the file from Python, or " + NOTEBOOK_ONLY_HINT)
         # One line of the script per line of the cell: the call opens on the magic's line and each line of
         # the text is a string literal on its own line, so a traceback's line numbers still point into the cell.
         body_lines = body.splitlines(keepends=True)
