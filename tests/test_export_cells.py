@@ -41,6 +41,16 @@ def test_rank0_cell_is_guarded_then_followed_by_a_barrier():
     compile(generated.source, "cell", "exec")
 
 
+@pytest.mark.parametrize("tag", ["rank0", "main-process-first"])
+def test_a_guarded_cell_that_a_rewrite_changed_throughout_keeps_its_lines(tag):
+    # %%writefile turns every line into a string literal: nothing is left for the alignment to anchor on.
+    source = "%%writefile out/cfg.py\na = 1\nb = 2\nc = 3"
+    generated, _ = export_code_cell(cell(source, tag), STAGES)
+    lines = generated.source.splitlines()
+    assert lines[1].strip().startswith('ddp.write_file("out/cfg.py", (')
+    assert [origin[2] if origin else None for origin in generated.origin][:5] == [None, 1, 2, 3, 4]
+
+
 def test_main_process_first_cell_runs_inside_the_context_manager():
     source = "import os\nos.makedirs('cache', exist_ok=True)\n"
     generated, entries = export_code_cell(cell(source, "main-process-first"), STAGES)

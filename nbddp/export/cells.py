@@ -45,14 +45,22 @@ def export_code_cell(cell: SourceCell, stage_notebooks: frozenset) -> tuple[Gene
         if cell.source.strip():
             entries.append(CellNote(cell.location, "dropped: no code left after rewrites"))
         return None, entries
+    origin = align_origins(cell.source, code, cell.location)
     module = cst.parse_module(code)
     if module.body and "rank0" in cell.tags:
-        code = rank0_block(module).code.rstrip("\n")
+        code, origin = _wrapped(code, rank0_block(module).code.rstrip("\n"), origin, cell)
         entries.append(CellNote(cell.location, RANK0_NOTE))
     elif module.body and "main-process-first" in cell.tags:
-        code = main_process_first_block(module).code.rstrip("\n")
+        code, origin = _wrapped(code, main_process_first_block(module).code.rstrip("\n"), origin, cell)
         entries.append(CellNote(cell.location, MAIN_PROCESS_FIRST_NOTE))
-    return GeneratedCell("code", code, align_origins(cell.source, code, cell.location), title(cell)), entries
+    return GeneratedCell("code", code, origin, title(cell)), entries
+
+
+def _wrapped(code: str, wrapped: str, origin: list, cell: SourceCell) -> tuple[str, list]:
+    """`wrapped` (the cell's code inside a block) and its origins, through those of `code`: aligned with the cell
+    at once, a cell whose every line a rewrite changed (a %%writefile) would have nothing to anchor on."""
+    through = align_origins(code, wrapped, cell.location)  # lines of `code`, or None for the block's header
+    return wrapped, [origin[entry[2] - 1] if entry else None for entry in through]
 
 
 def export_text_cell(cell: SourceCell) -> GeneratedCell | None:
