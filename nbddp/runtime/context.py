@@ -94,11 +94,17 @@ class DistributedContext:
         a `!wget` or `!git clone` fetches once and every rank then finds the files (see once_per_machine; not a
         collective: a rank that skips the call, under a condition or outside a rank-0 block, waits for nothing).
         A command that fails stops the script (CalledProcessError): Jupyter would go on to the next cell, which
-        then fails further from the cause."""
+        then fails further from the cause. Its output (stderr merged, as IPython merges it) goes through
+        sys.stdout line by line, so that in a smoke run's notebook it lands in the cell, as under Jupyter."""
         with self._once.claim(f"shell\0{command}") as first:
             if first:
-                sys.stdout.flush()  # the command's output after what the script printed before it
-                subprocess.run(command, shell=True, check=True, executable=os.environ.get("SHELL") or None)
+                with subprocess.Popen(command, shell=True, executable=os.environ.get("SHELL") or None,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      errors="replace") as process:
+                    for line in process.stdout:
+                        print(line, end="", flush=True)
+                if process.returncode:
+                    raise subprocess.CalledProcessError(process.returncode, command)
 
     def write_file(self, path, text, append=False):
         """A notebook's `%%writefile [-a] path` cell: write its text once per machine, as `shell` runs a command,

@@ -108,11 +108,13 @@ def two_ranks_of_one_machine(monkeypatch, tmp_path):
     return [DistributedContext(rank=rank, local_rank=rank, world_size=2, local_world_size=2) for rank in (0, 1)]
 
 
-def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capfd, monkeypatch):
+def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SHELL", "/bin/bash")  # IPython runs $SHELL -c; /bin/sh would put `&>` in the background
-    single_process.shell(f"(sleep 0.2; echo fetched > {tmp_path / 'a'}) &> /dev/null; [[ -f {tmp_path / 'a'} ]] && echo done")
+    single_process.shell(f"(sleep 0.2; echo fetched > {tmp_path / 'a'}) &> /dev/null; [[ -f {tmp_path / 'a'} ]] && echo done"
+                         "; echo warning >&2")
     assert (tmp_path / "a").read_text() == "fetched\n"
-    assert capfd.readouterr().out == "done\n"
+    # Through sys.stdout (what a kernel shows in the cell), stderr merged as IPython merges it.
+    assert capsys.readouterr().out == "done\nwarning\n"
 
 
 def test_shell_runs_once_per_machine_each_time_a_rank_asks_again(two_ranks_of_one_machine, tmp_path):
