@@ -153,7 +153,8 @@ EXPECTED_UNSLOTH_STYLE_REWRITES = [
     "[guard-rank0-side-effects] model.save_pretrained() runs on the main process only",
     "[guard-inference-cell] the cell generates text (FastLanguageModel.for_inference): it runs on the main process",
     "[show-cell-result] tokenizer.batch_decode(outputs) is shown once unless None, as Jupyter shows a cell's last value",
-    '[convert-magics] `!mkdir -p lora_model && echo "fine-tuned on the Alpaca rows" >> lora_model/NOTES.txt` -> ddp.shell',
+    '[convert-magics] `!mkdir -p lora_model && echo "fine-tuned on the Alpaca rows, at most {max_seq_length} tokens each" '
+    '>> lora_model/NOTES.txt` -> ddp.shell',
     '[convert-magics] `%%writefile lora_model/TRAINING.md` -> ddp.write_file("lora_model/TRAINING.md", ...): written once',
 ]
 
@@ -185,7 +186,8 @@ def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook
     assert all(save.startswith("0 ") for save in saves)
     assert (work / "lora_model" / "adapter_config.json").is_file()
     # The notebook's shell command and %%writefile cell ran once for the machine's two ranks.
-    assert (work / "lora_model" / "NOTES.txt").read_text() == "fine-tuned on the Alpaca rows\n"
+    # {max_seq_length} filled in from the script's variables, as IPython fills it in.
+    assert (work / "lora_model" / "NOTES.txt").read_text() == "fine-tuned on the Alpaca rows, at most 2048 tokens each\n"
     assert (work / "lora_model" / "TRAINING.md").read_text().startswith("# LoRA adapters from the Alpaca fixture")
     assert result.stdout.count("Writing lora_model/TRAINING.md") == 1
     # record-metrics gave the notebook's trainer nbddp's metrics, in its output_dir, written once (rank 0).

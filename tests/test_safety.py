@@ -96,8 +96,8 @@ def test_the_detector_finds_shell_calls():
 def test_no_shell_in_nbddp_or_the_cli_but_the_notebooks_own_commands():
     found = [use for path in python_files() for use in shell_uses(path.read_text(), str(path.relative_to(REPO)))]
     # DistributedContext.shell runs a notebook's `!command`, which export writes into the script as the string
-    # literal the author typed (a command with IPython's {...}/$name expansion is refused), so no parameter
-    # value ever reaches a shell.
+    # literal the author typed; a value reaches it only where the command asks for one (`!wget {url}`), as in
+    # Jupyter (docs/safety.md).
     assert [use.split(":")[0] for use in found] == ["nbddp/runtime/context.py"]
     assert len(python_files()) > 20  # the walk saw the package
 

@@ -88,14 +88,20 @@ class DistributedContext:
         if value is not None and self.is_main_process:
             builtins.display(value)
 
-    def shell(self, command):
+    def shell(self, command, namespace=None):
         """A notebook's `!command`, run as IPython runs it (`$SHELL -c command`) but once per machine: the first
         rank of the machine to get here runs it, and one that gets here meanwhile waits for it to finish, so that
         a `!wget` or `!git clone` fetches once and every rank then finds the files (see once_per_machine; not a
         collective: a rank that skips the call, under a condition or outside a rank-0 block, waits for nothing).
         A command that fails stops the script (CalledProcessError): Jupyter would go on to the next cell, which
         then fails further from the cause. Its output (stderr merged, as IPython merges it) goes through
-        sys.stdout line by line, so that in a smoke run's notebook it lands in the cell, as under Jupyter."""
+        sys.stdout line by line, so that in a smoke run's notebook it lands in the cell, as under Jupyter.
+
+        `namespace` (the script's variables, which convert-magics passes for a command with `{...}` or `$`):
+        IPython's expansion, `!wget {url}` -> `wget https://...`, done by IPython's own formatter; where it
+        fails (`{a,b}` for bash, a JSON body, an unknown `$HOME`) the command runs as written, as in IPython."""
+        if namespace is not None:
+            command = _expand_like_ipython(command, namespace)
         with self._once.claim(f"shell\0{command}") as first:
             if first:
                 with subprocess.Popen(command, shell=True, executable=os.environ.get("SHELL") or None,
@@ -220,6 +226,15 @@ class DistributedContext:
         dist.destroy_process_group()
         if gloo and not running_in_kernel():
             exit_without_finalization()
+
+
+def _expand_like_ipython(command, namespace):
+    from IPython.utils.text import DollarFormatter  # only for the commands that use expansion
+
+    try:
+        return DollarFormatter().vformat(command, args=[], kwargs=namespace)
+    except Exception:  # what InteractiveShell.var_expand does: any failure leaves the command as written
+        return command
 
 
 def exit_without_finalization(status: int = 0):

@@ -191,7 +191,7 @@ def test_env_sets_os_environ_and_imports_os_once():
 
 @pytest.mark.parametrize(
     "magic, statement",
-    [("%cd OpenEnv", 'os.chdir("OpenEnv")'), ("%cd ~/work dir", None), ("%cd '~/work dir'", 'os.chdir(os.path.expanduser("~/work dir"))')],
+    [("%cd OpenEnv", 'os.chdir("OpenEnv")'), ("%cd ~/work dir", None), ("%cd {folder}", None), ("%cd '~/work dir'", 'os.chdir(os.path.expanduser("~/work dir"))')],
 )
 def test_cd_changes_directory_in_python(magic, statement):
     if statement is None:
@@ -243,15 +243,10 @@ def test_time_magics_keep_their_code():
 @pytest.mark.parametrize(
     "cell, line, message",
     [
-        ("x = 1\n!ls {path}\n", 2,
-         "shell command `!ls {path}` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
-        ("!echo $HOME\n", 1, "shell command `!echo $HOME` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
         ("files = !ls\n", 1, "`!ls` has no equivalent in a script"),
         ("%timeit sum(range(9))\n", 1, "magic `%timeit sum(range(9))` has no equivalent in a script"),
         ("x = 1\nx?\n", 2, "magic `%pinfo x` has no equivalent in a script"),
         ("%%bash\nls\n", 1, "cell magic `%%bash` has no equivalent in a script"),
-        ("%%capture\nx = 1\n\n!mkdir -p data/{a,b}\n", 4,
-         "shell command `!mkdir -p data/{a,b}` uses IPython's `{...}`/`$name` expansion, which the script cannot repeat"),
         ("%%writefile\nx = 1\n", 1, "`%%writefile` is not `%%writefile [-a] path`"),
         ("%%writefile a.py b.py\nx = 1\n", 1, "`%%writefile a.py b.py` is not `%%writefile [-a] path`"),
         ("%%writefile {out}/cfg.yaml\nx: 1\n", 1,
@@ -292,6 +287,13 @@ def test_shell_commands_run_once_per_machine_on_their_lines():
     assert [line for line, _ in changes] == [1, 3, 5]
     assert changes[1][1] == ("`!git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1` -> ddp.shell(...): "
                              "runs once per machine, the other ranks wait; a failing command stops the script")
+
+
+@pytest.mark.parametrize("command", ["wget {url} -O data.json", "mkdir -p data/{pdf,html}", "echo $HOME $$"])
+def test_a_shell_command_with_ipython_expansion_gets_the_scripts_variables(command):
+    code, changes = convert(f"if True:\n    !{command}\n")
+    assert code == f"if True:\n    ddp.shell({command!r}, {{**globals(), **locals()}})\n".replace("'", '"')
+    assert changes[0][1].endswith("; {...}/$name filled in from the script's variables, as IPython does")
 
 
 @pytest.mark.parametrize(

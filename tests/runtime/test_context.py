@@ -117,6 +117,22 @@ def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capsys, 
     assert capsys.readouterr().out == "done\nwarning\n"
 
 
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("echo {name}-{n + 1}", "data.json-3"),  # filled in from the variables
+        ("echo $name $$HOME", "data.json $HOME"),  # `$$` is IPython's escape for `$`
+        ("echo data/{pdf,txt}", "data/{pdf,txt}"),  # not Python that runs: left for the shell (sh has no brace expansion)
+        ("echo $HOME_OF_NOBODY-{name}", "-{name}"),  # one failure leaves the command as written; the shell expands $VAR
+    ],
+)
+def test_shell_fills_in_variables_as_ipython_does(single_process, capsys, monkeypatch, command, expected):
+    monkeypatch.setenv("SHELL", "/bin/sh")
+    monkeypatch.setenv("HOME", "/home/x")
+    single_process.shell(command, {"name": "data.json", "n": 2})
+    assert capsys.readouterr().out == expected.replace("$HOME", "/home/x") + "\n"
+
+
 def test_shell_runs_once_per_machine_each_time_a_rank_asks_again(two_ranks_of_one_machine, tmp_path):
     rank0, rank1 = two_ranks_of_one_machine
     log = tmp_path / "log"

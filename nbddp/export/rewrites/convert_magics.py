@@ -14,8 +14,10 @@ module never guesses at IPython's syntax; `ConvertMagics` then replaces those ca
 - `%%writefile [-a] path` (or `%%file`) -> `ddp.write_file("path", "<the cell's text>")`, likewise once;
 - anything else -> `NotebookError` at the magic's line, with a hint.
 
-A shell command or %%writefile path with `{...}` or `$name` is refused: IPython fills those in from the notebook's variables
-(and leaves them to the shell when that fails), which a plain string in the script would not do.
+IPython fills `{expression}` and `$name` in a shell command from the notebook's variables, and leaves the command
+as written where that fails (bash's `{a,b}`, a JSON body): such a command gets the script's variables,
+`ddp.shell("wget {url}", {**globals(), **locals()})`, and the runtime expands it with IPython's own formatter.
+A `%%writefile` or `%cd` path with them is refused.
 
 A dropped line leaves a `# nbddp: dropped …` comment, or `pass  # nbddp: dropped …` where Python
 needs a statement (an `if` whose only body was `!pip install`). Lines keep their numbers: a joined
@@ -298,15 +300,13 @@ class ConvertMagics(Rewrite):
         self.fail(call, f"magic `{text}` has no equivalent in a script", hint=NOTEBOOK_ONLY_HINT)
 
     def _convert_shell(self, line, call, command, text):
-        if "{" in command or "$" in command:
-            self.fail(
-                call,
-                f"shell command `{text}` uses IPython's `{{...}}`/`$name` expansion, which the script cannot repeat",
-                hint='run it from Python, e.g. subprocess.run(f"...", shell=True, check=True), or ' + NOTEBOOK_ONLY_HINT,
-            )
-        statement = cst.parse_statement(f"ddp.shell({_quoted(command)})\n")
-        self.record(call, f"`{text}` -> ddp.shell(...): runs once per machine, the other ranks wait; "
-                          "a failing command stops the script")
+        message = f"`{text}` -> ddp.shell(...): runs once per machine, the other ranks wait; a failing command stops the script"
+        if "{" in command or "$" in command:  # IPython fills these in from the notebook's variables at run time
+            statement = cst.parse_statement(f"ddp.shell({_quoted(command)}, {{**globals(), **locals()}})\n")
+            message += "; {...}/$name filled in from the script's variables, as IPython does"
+        else:
+            statement = cst.parse_statement(f"ddp.shell({_quoted(command)})\n")
+        self.record(call, message)
         return statement.with_changes(leading_lines=line.leading_lines)
 
     def _convert_cd(self, line, call, args, text):
