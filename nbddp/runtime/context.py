@@ -93,24 +93,24 @@ class DistributedContext:
         rank of the machine to get here runs it, and one that gets here meanwhile waits for it to finish, so that
         a `!wget` or `!git clone` fetches once and every rank then finds the files (see once_per_machine; not a
         collective: a rank that skips the call, under a condition or outside a rank-0 block, waits for nothing).
-        A command that fails stops the script (CalledProcessError): Jupyter would go on to the next cell, which
-        then fails further from the cause. Its output (stderr merged, as IPython merges it) goes through
-        sys.stdout line by line, so that in a smoke run's notebook it lands in the cell, as under Jupyter.
+        A command that fails stops the script (CalledProcessError, naming the command as written, so that a
+        filled-in secret stays out of the logs): Jupyter would go on to the next cell, which then fails further
+        from the cause. The command writes to the script's own stdout and stderr (not through Python: a pipe
+        would hang on `!server &`, turn progress bars' `\r` into lines and hold back unflushed output), and
+        reads no input, so that a prompt (`apt-get` without `-y`) fails instead of waiting unseen.
 
         `namespace` (the script's variables, which convert-magics passes for a command with `{...}` or `$`):
         IPython's expansion, `!wget {url}` -> `wget https://...`, done by IPython's own formatter; where it
         fails (`{a,b}` for bash, a JSON body, an unknown `$HOME`) the command runs as written, as in IPython."""
-        if namespace is not None:
-            command = _expand_like_ipython(command, namespace)
-        with self._once.claim(f"shell\0{command}") as first:
+        expanded = command if namespace is None else _expand_like_ipython(command, namespace)
+        with self._once.claim(f"shell\0{expanded}") as first:
             if first:
-                with subprocess.Popen(command, shell=True, executable=os.environ.get("SHELL") or None,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                      errors="replace") as process:
-                    for line in process.stdout:
-                        print(line, end="", flush=True)
-                if process.returncode:
-                    raise subprocess.CalledProcessError(process.returncode, command)
+                sys.stdout.flush()  # the command's output after what the script printed before it
+                sys.stderr.flush()
+                status = subprocess.run(expanded, shell=True, executable=os.environ.get("SHELL") or None,
+                                        stdin=subprocess.DEVNULL).returncode
+                if status:
+                    raise subprocess.CalledProcessError(status, command)
 
     def write_file(self, path, text, append=False):
         """A notebook's `%%writefile [-a] path` cell: write its text once per machine, as `shell` runs a command,

@@ -113,6 +113,7 @@ def test_a_dropped_line_beside_other_statements_in_a_block_becomes_a_comment():
         "%uv pip install trl",
         "!conda install -y trl",
         "%conda install trl",
+        "!{sys.executable} -m pip install -q unsloth",
     ],
 )
 def test_every_kind_of_package_install_is_dropped(magic):

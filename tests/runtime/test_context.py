@@ -3,6 +3,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -108,13 +109,27 @@ def two_ranks_of_one_machine(monkeypatch, tmp_path):
     return [DistributedContext(rank=rank, local_rank=rank, world_size=2, local_world_size=2) for rank in (0, 1)]
 
 
-def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capsys, monkeypatch):
+def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capfd, monkeypatch):
     monkeypatch.setenv("SHELL", "/bin/bash")  # IPython runs $SHELL -c; /bin/sh would put `&>` in the background
     single_process.shell(f"(sleep 0.2; echo fetched > {tmp_path / 'a'}) &> /dev/null; [[ -f {tmp_path / 'a'} ]] && echo done"
                          "; echo warning >&2")
     assert (tmp_path / "a").read_text() == "fetched\n"
-    # Through sys.stdout (what a kernel shows in the cell), stderr merged as IPython merges it.
-    assert capsys.readouterr().out == "done\nwarning\n"
+    assert capfd.readouterr() == ("done\n", "warning\n")
+
+
+def test_shell_leaves_a_background_server_running_and_reads_no_input(single_process, capfd):
+    started = time.monotonic()
+    single_process.shell("sleep 3 & echo started")  # `!nohup ollama serve &`: the cell ends, the server runs on
+    assert time.monotonic() - started < 2
+    assert capfd.readouterr().out == "started\n"
+    with pytest.raises(subprocess.CalledProcessError):  # a prompt gets end of input at once, not a silent wait
+        single_process.shell("read answer")
+
+
+def test_a_failing_command_is_named_as_written_not_with_the_values_filled_in(single_process):
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        single_process.shell("exit 7 # Bearer {token}", {"token": "hf_SECRET"})
+    assert failed.value.cmd == "exit 7 # Bearer {token}"
 
 
 @pytest.mark.parametrize(
@@ -126,11 +141,11 @@ def test_shell_runs_a_command_as_ipython_does(single_process, tmp_path, capsys, 
         ("echo $HOME_OF_NOBODY-{name}", "-{name}"),  # one failure leaves the command as written; the shell expands $VAR
     ],
 )
-def test_shell_fills_in_variables_as_ipython_does(single_process, capsys, monkeypatch, command, expected):
+def test_shell_fills_in_variables_as_ipython_does(single_process, capfd, monkeypatch, command, expected):
     monkeypatch.setenv("SHELL", "/bin/sh")
     monkeypatch.setenv("HOME", "/home/x")
     single_process.shell(command, {"name": "data.json", "n": 2})
-    assert capsys.readouterr().out == expected.replace("$HOME", "/home/x") + "\n"
+    assert capfd.readouterr().out == expected.replace("$HOME", "/home/x") + "\n"
 
 
 def test_shell_runs_once_per_machine_each_time_a_rank_asks_again(two_ranks_of_one_machine, tmp_path):

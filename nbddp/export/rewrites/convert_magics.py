@@ -150,11 +150,11 @@ def magic_text(call: cst.Call) -> str:
 
 
 def is_package_command(command: str) -> bool:
-    """`pip install …`, `python -m pip …`, `uv pip …`, `conda install …` and the like."""
+    """`pip install …`, `python -m pip …` (`{sys.executable} -m pip …`), `uv pip …`, `conda install …` and the like."""
     words = _words(command)
     if words[:1] in (["pip"], ["pip3"]) or words[:2] == ["uv", "pip"]:
         return True
-    if len(words) >= 3 and words[0].startswith("python") and words[1:3] == ["-m", "pip"]:
+    if len(words) >= 3 and words[0].startswith(("python", "{sys.executable}")) and words[1:3] == ["-m", "pip"]:
         return True
     return words[:1] in (["conda"], ["mamba"], ["micromamba"]) and words[1:2] == ["install"]
 
