@@ -160,6 +160,23 @@ def test_shell_runs_once_per_machine_each_time_a_rank_asks_again(two_ranks_of_on
     assert log.read_text().splitlines() == ["fetch", "fetch", "other"]
 
 
+def test_a_rank_that_asks_while_another_runs_the_command_waits_for_it(tmp_path):
+    # Two ranks of one machine, started together: one runs the slow download, the other waits, then finds the file.
+    worker = textwrap.dedent(f"""\
+        import os, sys
+        from nbddp.runtime.context import DistributedContext
+        rank = int(sys.argv[1])
+        ddp = DistributedContext(rank=rank, local_rank=rank, world_size=2, local_world_size=2)
+        ddp.shell("sleep 1 && echo $$ >> {tmp_path / 'log'} && touch {tmp_path / 'fetched'}")
+        print(os.path.exists("{tmp_path / 'fetched'}"))
+        """)
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # the once-per-machine files, away from the shared /tmp
+    ranks = [subprocess.Popen([sys.executable, "-c", worker, str(rank)], env=env, stdout=subprocess.PIPE, text=True)
+             for rank in (0, 1)]
+    assert [rank.communicate(timeout=60)[0] for rank in ranks] == ["True\n", "True\n"]
+    assert len((tmp_path / "log").read_text().splitlines()) == 1
+
+
 def test_a_failing_shell_command_stops_the_script_and_is_not_marked_done(two_ranks_of_one_machine):
     for rank in two_ranks_of_one_machine:  # each rank tries it, and fails, itself
         with pytest.raises(subprocess.CalledProcessError, match="exit status 3"):
