@@ -13,9 +13,10 @@ trainer's per-device batch and `max_length` against those the choice assumed.
 When the trainer's gradient accumulation is even and twice its per-device batch is estimated to fit the budget
 (also counting from what step 1 reserved), rank 0 adds one line (`larger_micro_batch_tip`; wrapped here):
 
-    nbddp: tip: micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: --per_device_train_batch_size 8
-    --gradient_accumulation_steps 2 keeps the global batch (16 rows per rank and optimizer step) in fewer, fuller
-    micro batches; on a 1.1B model on an H200, micro batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)
+    nbddp: tip: micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: per_device_train_batch_size=8
+    with gradient_accumulation_steps=2 (flags of those names where the notebooks make them parameters) keeps the
+    global batch (16 rows per rank and optimizer step) in fewer, fuller micro batches; on a 1.1B model on an H200,
+    micro batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)
 """
 import torch
 from transformers import TrainerCallback
@@ -97,6 +98,7 @@ def larger_micro_batch_tip(choice, batch: int, accumulation: int, seq_len: int, 
     if max(estimate_gib, reserved_gib + estimate_gib - current_gib) > choice.budget_gib:
         return None
     return (f"micro batch {larger} is estimated at {format_gib(estimate_gib)} GiB, within the "
-            f"{choice.budget_gib:.1f} GiB budget: --per_device_train_batch_size {larger} "
-            f"--gradient_accumulation_steps {accumulation // 2} keeps the global batch ({batch * accumulation} rows "
-            f"per rank and optimizer step) in fewer, fuller micro batches; {MEASURED_GAIN}")
+            f"{choice.budget_gib:.1f} GiB budget: per_device_train_batch_size={larger} with "
+            f"gradient_accumulation_steps={accumulation // 2} (flags of those names where the notebooks make them "
+            f"parameters) keeps the global batch ({batch * accumulation} rows per rank and optimizer step) in fewer, "
+            f"fuller micro batches; {MEASURED_GAIN}")
