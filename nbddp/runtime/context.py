@@ -93,9 +93,10 @@ class DistributedContext:
         rank of the machine to get here runs it, and one that gets here meanwhile waits for it to finish, so that
         a `!wget` or `!git clone` fetches once and every rank then finds the files (see once_per_machine; not a
         collective: a rank that skips the call, under a condition or outside a rank-0 block, waits for nothing).
-        A command that fails stops the script (CalledProcessError, naming the command as written, so that a
-        filled-in secret stays out of the logs): Jupyter would go on to the next cell, which then fails further
-        from the cause. The command writes to the script's own stdout and stderr (not through Python: a pipe
+        A command that fails does not stop the script, as it does not stop a notebook (IPython's default): a
+        `!git clone` that finds its folder from the smoke run, or from the run before, must not end the training
+        run. Its exit status is reported on stderr, naming the command as written (a filled-in secret stays out
+        of the logs); the files it should have made then fail where they are used. The command writes to the script's own stdout and stderr (not through Python: a pipe
         would hang on `!server &`, turn progress bars' `\r` into lines and hold back unflushed output), and
         reads no input, so that a prompt (`apt-get` without `-y`) fails instead of waiting unseen.
 
@@ -110,7 +111,8 @@ class DistributedContext:
                 status = subprocess.run(expanded, shell=True, executable=os.environ.get("SHELL") or None,
                                         stdin=subprocess.DEVNULL).returncode
                 if status:
-                    raise subprocess.CalledProcessError(status, command)
+                    print(f"nbddp: warning: `!{command}` exited with status {status}; the script goes on, as a "
+                          "notebook does", file=sys.stderr, flush=True)
 
     def write_file(self, path, text, append=False):
         """A notebook's `%%writefile [-a] path` cell: write its text once per machine, as `shell` runs a command,

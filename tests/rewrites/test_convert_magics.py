@@ -287,7 +287,7 @@ def test_shell_commands_run_once_per_machine_on_their_lines():
     )
     assert [line for line, _ in changes] == [1, 3, 5]
     assert changes[1][1] == ("`!git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1` -> ddp.shell(...): "
-                             "runs once per machine, the other ranks wait; a failing command stops the script")
+                             "runs once per machine, the other ranks wait")
 
 
 @pytest.mark.parametrize("command", ["wget {url} -O data.json", "mkdir -p data/{pdf,html}", "echo $HOME $$"])

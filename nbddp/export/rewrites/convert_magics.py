@@ -300,7 +300,7 @@ class ConvertMagics(Rewrite):
         self.fail(call, f"magic `{text}` has no equivalent in a script", hint=NOTEBOOK_ONLY_HINT)
 
     def _convert_shell(self, line, call, command, text):
-        message = f"`{text}` -> ddp.shell(...): runs once per machine, the other ranks wait; a failing command stops the script"
+        message = f"`{text}` -> ddp.shell(...): runs once per machine, the other ranks wait"
         if "{" in command or "$" in command:  # IPython fills these in from the notebook's variables at run time
             statement = cst.parse_statement(f"ddp.shell({_quoted(command)}, {{**globals(), **locals()}})\n")
             message += "; {...}/$name filled in from the script's variables, as IPython does"
