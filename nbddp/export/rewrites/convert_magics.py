@@ -166,6 +166,11 @@ def _words(command: str) -> list[str]:
         return command.split()
 
 
+def _uses_ipython_expansion(text: str) -> bool:
+    """Whether IPython would try to fill `{expression}` or `$name` in `text` from the notebook's variables."""
+    return "{" in text or "$" in text
+
+
 def _quoted(text: str) -> str:
     """A double-quoted Python string literal for `text`."""
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
@@ -236,7 +241,7 @@ class ConvertMagics(Rewrite):
             words = words[1:]
         if len(words) != 1 or words[0].startswith("-"):
             self.fail(call, f"`{text}` is not `%%writefile [-a] path`", hint=NOTEBOOK_ONLY_HINT)
-        if "{" in line or "$" in line:
+        if _uses_ipython_expansion(line):
             self.fail(call, f"`{text}` names its file with IPython's `{{...}}`/`$name` expansion, which the script "
                             "cannot repeat", hint="write the file from Python, or " + NOTEBOOK_ONLY_HINT)
         # One line of the script per line of the cell: the call opens on the magic's line and each line of
@@ -301,7 +306,7 @@ class ConvertMagics(Rewrite):
 
     def _convert_shell(self, line, call, command, text):
         message = f"`{text}` -> ddp.shell(...): runs once per machine, the other ranks wait"
-        if "{" in command or "$" in command:  # IPython fills these in from the notebook's variables at run time
+        if _uses_ipython_expansion(command):  # filled in at run time, from the script's variables
             statement = cst.parse_statement(f"ddp.shell({_quoted(command)}, {{**globals(), **locals()}})\n")
             message += "; {...}/$name filled in from the script's variables, as IPython does"
         else:
@@ -311,7 +316,7 @@ class ConvertMagics(Rewrite):
 
     def _convert_cd(self, line, call, args, text):
         words = _words(args)
-        if len(words) != 1 or words[0].startswith("-") or "$" in args or "{" in args:
+        if len(words) != 1 or words[0].startswith("-") or _uses_ipython_expansion(args):
             self.fail(call, f"`{text}` is not a plain `%cd path`", hint='change directory in Python: os.chdir("path")')
         path = _quoted(words[0])
         self._needs_os = True
