@@ -96,9 +96,10 @@ class DistributedContext:
         A command that fails does not stop the script, as it does not stop a notebook (IPython's default): a
         `!git clone` that finds its folder from the smoke run, or from the run before, must not end the training
         run. Its exit status is reported on stderr, naming the command as written (a filled-in secret stays out
-        of the logs); the files it should have made then fail where they are used. The command writes to the script's own stdout and stderr (not through Python: a pipe
-        would hang on `!server &`, turn progress bars' `\r` into lines and hold back unflushed output), and
-        reads no input, so that a prompt (`apt-get` without `-y`) fails instead of waiting unseen.
+        of the logs); the files it should have made then fail where they are used. The command writes to the
+        script's own stdout and stderr (not through Python: a pipe would hang on `!server &`, turn progress
+        bars' `\r` into lines and hold back unflushed output), and reads no input, so that a prompt (`apt-get`
+        without `-y`) fails instead of waiting unseen.
 
         `namespace` (the script's variables, which convert-magics passes for a command with `{...}` or `$`):
         IPython's expansion, `!wget {url}` -> `wget https://...`, done by IPython's own formatter; where it

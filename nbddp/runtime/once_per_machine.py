@@ -10,8 +10,9 @@ Pieces of work are told apart by their text and by how many times this process h
 so that a loop's repeated command runs once per iteration. The files live in the temporary directory, in a folder
 named after the launcher process that all ranks of a machine share (torchrun's agent, `os.getppid()`), so that
 another job, or a run launched afterwards, starts afresh (workers that torchrun restarts keep their agent, so
-they do not repeat work done before the restart: its files are still there). If the work fails, no marker is left and the next rank
-tries it itself (and fails the same way, reporting it on its own).
+they do not repeat work done before the restart: its files are still there). Work that raises (a file that
+cannot be written) leaves no marker, and the next rank tries it itself; a command that merely exits non-zero
+has been done (`ddp.shell` reports it and goes on, as a notebook does).
 """
 import collections
 import contextlib

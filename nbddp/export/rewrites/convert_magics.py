@@ -150,7 +150,8 @@ def magic_text(call: cst.Call) -> str:
 
 
 def is_package_command(command: str) -> bool:
-    """`pip install …`, `python -m pip …` (`{sys.executable} -m pip …`), `uv pip …`, `conda install …` and the like."""
+    """`pip install …`, `python -m pip …` (also `{sys.executable} -m pip …`), `uv pip …`, `conda install …` and
+    the like."""
     words = _words(command)
     if words[:1] in (["pip"], ["pip3"]) or words[:2] == ["uv", "pip"]:
         return True
