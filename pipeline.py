@@ -1,27 +1,36 @@
 """nbddp command line: turn the stage notebooks into one DDP-safe script and run it.
 
     python pipeline.py export [--notebooks notebooks] [--out generated] [--check] [--force]
-    python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--device N|cpu] [--timeout S]
+    python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
+                             [--device N|cpu] [--timeout S]
     python pipeline.py launch [--nproc-per-node N|auto] [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
-                              [--max-restarts N] [--dry-run] [-- SCRIPT FLAGS]
+                              [--max-restarts N] [--set NAME=VALUE]... [--batch-layout L] [--dry-run] [-- SCRIPT FLAGS]
     python pipeline.py launch --slurm [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--job-name NAME]
                               [--time T] [--partition P] [--max-restarts N] [-o train.sbatch] [-- SCRIPT FLAGS]
-    python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml]
-    python pipeline.py regress [--suite regress.yaml] [--only NAME] [--update-baseline]
+    python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
+    python pipeline.py regress [--suite regress.yaml] [--only NAME] [--set NAME=VALUE]... [--update-baseline]
 
 Each subcommand parses its flags and calls the library; bad input exits 2 with the error's message.
 """
 import argparse
 import sys
+import textwrap
 
 from nbddp.errors import NbddpError, UsageError
 from nbddp.export import export
 from nbddp.export.help import export_epilog
-from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, launch
+from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
 from nbddp.orchestration.regress import regress
 from nbddp.orchestration.run import run
 from nbddp.orchestration.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
 from nbddp.orchestration.smoke import smoke
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but an option's help never breaks inside a flag or a value (`--batch-` / `layout`, `1e-` / `4`)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
 
 
 def add_export_command(subcommands) -> None:
@@ -68,6 +77,24 @@ def add_parameter_options(command) -> None:
     command.add_argument("--timeout", type=int, default=1800, help="seconds each notebook cell may run (default: %(default)s)")
 
 
+def add_set_option(command, scope="") -> None:
+    command.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                         help="override a keyword of the training arguments the notebook builds (TrainingArguments, "
+                              f"SFTConfig, GRPOConfig, ...){scope}, typed as Transformers types that field and checked "
+                              "before anything runs; repeatable; e.g. --set learning_rate=1e-4 --set bf16=false")
+
+
+def add_batch_layout_option(command) -> None:
+    command.add_argument("--batch-layout", metavar="{notebook,per-device,auto}",
+                         help="how N processes share the notebook's batch: notebook (the script's default) keeps its "
+                              "global batch (per_device_train_batch_size x gradient_accumulation_steps) by dividing "
+                              "the accumulation; per-device is classic DDP, each process runs the notebook's "
+                              "per-device settings, so the global batch grows N times; auto keeps the global batch "
+                              "in the fullest micro batch that fits each GPU, with the cheapest gradient "
+                              "checkpointing that fits (a number B: micro batch B, the global batch kept); "
+                              "e.g. --batch-layout per-device")
+
+
 def add_launch_options(command) -> None:
     """torchrun's world, shared by launch and run."""
     command.add_argument("--nproc-per-node", default="auto",
@@ -108,6 +135,7 @@ def slurm_options(args) -> SlurmOptions:
 def add_smoke_command(subcommands) -> None:
     command = subcommands.add_parser(
         "smoke",
+        formatter_class=HelpFormatter,
         help="run the generated script once as a notebook (papermill), a few steps on one device",
         description="Smoke-run the generated script through papermill; results in runs/<UTC time>-smoke/.",
         epilog="The run directory holds train.ipynb (the executed notebook, outputs included; named after the "
@@ -118,22 +146,28 @@ def add_smoke_command(subcommands) -> None:
     )
     add_script_option(command)
     add_parameter_options(command)
+    add_set_option(command)
+    add_batch_layout_option(command)
     command.set_defaults(run=run_smoke)
 
 
 def run_smoke(args) -> int:
-    smoke(args.script, args.param, args.params_file, args.device, args.timeout)
+    smoke(args.script, args.param, args.params_file, args.device, args.timeout, overrides=args.overrides,
+          batch_layout=args.batch_layout)
     return 0
 
 
 def add_launch_command(subcommands) -> None:
     command = subcommands.add_parser(
         "launch",
+        formatter_class=HelpFormatter,
         help="run the generated script under torchrun",
         description="Launch the generated script with torchrun (gloo on CPU, NCCL on GPUs); exits with its status.",
     )
     add_script_option(command)
     add_launch_options(command)
+    add_set_option(command)
+    add_batch_layout_option(command)
     command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
     slurm = command.add_argument_group("SLURM", "write an sbatch script instead of running (one torchrun per node)")
     slurm.add_argument("--slurm", action="store_true", help="write the job script; --nodes sets the node count")
@@ -150,15 +184,18 @@ def add_launch_command(subcommands) -> None:
 def run_launch(args) -> int:
     if args.slurm:
         refuse_flags(args, TORCHRUN_ONLY, "with --slurm (SLURM places the processes: use --nodes and --gpus-per-node)")
-        write_job_script(args.script, args.script_args, slurm_options(args), args.output or DEFAULT_JOB_SCRIPT)
+        script_args = job_script_args(args.script_args, args.overrides, args.batch_layout)
+        write_job_script(args.script, script_args, slurm_options(args), args.output or DEFAULT_JOB_SCRIPT)
         return 0
     refuse_flags(args, SLURM_ONLY, "without --slurm")
-    return launch(args.script, args.script_args, launch_options(args), dry_run=args.dry_run)
+    return launch(args.script, args.script_args, launch_options(args), dry_run=args.dry_run, overrides=args.overrides,
+                  batch_layout=args.batch_layout)
 
 
 def add_run_command(subcommands) -> None:
     command = subcommands.add_parser(
         "run",
+        formatter_class=HelpFormatter,
         help="export check, smoke run, then torchrun, and a summary",
         description="Check generated/ is fresh, smoke-run it, launch it with torchrun, summarise; "
                     "stops at the first failure. Results in runs/<UTC time>-run/.",
@@ -166,28 +203,33 @@ def add_run_command(subcommands) -> None:
     add_script_option(command)
     add_launch_options(command)
     add_parameter_options(command)
+    add_set_option(command)
+    add_batch_layout_option(command)
     command.set_defaults(run=run_pipeline)
 
 
 def run_pipeline(args) -> int:
-    run(args.script, args.param, args.params_file, launch_options(args), args.device, args.timeout)
+    run(args.script, args.param, args.params_file, launch_options(args), args.device, args.timeout,
+        overrides=args.overrides, batch_layout=args.batch_layout)
     return 0
 
 
 def add_regress_command(subcommands) -> None:
     command = subcommands.add_parser(
         "regress",
+        formatter_class=HelpFormatter,
         help="run the regression suite and compare with its baseline",
         description="Run the suite's cases, compare with <suite>_baseline.json, report in runs/<UTC time>-regress/.",
     )
     command.add_argument("--suite", default="regress.yaml", help="suite file (default: %(default)s)")
     command.add_argument("--only", metavar="NAME", help="run only this case")
     command.add_argument("--update-baseline", action="store_true", help="store this run's figures as the baseline")
+    add_set_option(command, " in every case, over the case's own `set:`")
     command.set_defaults(run=run_regress)
 
 
 def run_regress(args) -> int:
-    regress(args.suite, args.only, args.update_baseline)
+    regress(args.suite, args.only, args.update_baseline, overrides=args.overrides)
     return 0
 
 
@@ -198,6 +240,8 @@ the usual flow:
   python pipeline.py launch -- --max_steps 500
                                               the same script under torchrun, one process per GPU (2 on CPU)
   python pipeline.py run                      export check -> smoke -> launch -> summary and loss plot
+  python pipeline.py run --set learning_rate=1e-4 --batch-layout per-device
+                                              any training argument, and how N processes share the batch
   python pipeline.py regress                  the regression suite against its committed baseline
   torchrun --nproc_per_node 4 generated/train.py --help
                                               every notebook parameter as a typed flag

@@ -17,7 +17,7 @@
 # notebooks/02_lora_setup.ipynb (sha256 35facc27938338ad072f5674373d208a73938bc45a618fa6367c6563df403955),
 # notebooks/03_train.ipynb (sha256 171b07e2565ce0243eaac5d332ddf0926eeaee41bea4856b00a6bbe1006e13d1) — do not edit.
 # Run: torchrun --nproc_per_node N generated/train.py --help
-# nbddp-body-sha256: 387af31a4d58f4e37e0df83f2754eb5337c492d137856c0bc9f45d92e050668b
+# nbddp-body-sha256: 39f266c31834cf41f976aeb02ea442890d8f7bbcdb923d2dc75cbf8f0270ed9f
 
 # %% tags=["parameters"]
 # 01_data_prep.ipynb
@@ -46,11 +46,12 @@ save_total_limit = 2  # checkpoints kept: the newest ones
 # nbddp
 backend = "auto"  # auto | unsloth | hf
 resume = False  # continue from the last complete checkpoint in output_dir
+batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)
 
 # %% nbddp setup
 from nbddp import runtime
-runtime.apply_flags(globals(), defined_in={"data_path": "01_data_prep.ipynb", "model_name": "01_data_prep.ipynb", "eval_rows": "01_data_prep.ipynb", "max_seq_length": "02_lora_setup.ipynb", "per_device_train_batch_size": "02_lora_setup.ipynb", "dtype": "02_lora_setup.ipynb", "load_in_4bit": "02_lora_setup.ipynb", "lora_r": "02_lora_setup.ipynb", "lora_alpha": "02_lora_setup.ipynb", "use_gradient_checkpointing": "02_lora_setup.ipynb", "max_steps": "03_train.ipynb", "learning_rate": "03_train.ipynb", "gradient_accumulation_steps": "03_train.ipynb", "warmup_steps": "03_train.ipynb", "eval_steps": "03_train.ipynb", "optim": "03_train.ipynb", "output_dir": "03_train.ipynb", "seed": "03_train.ipynb", "save_steps": "03_train.ipynb", "save_total_limit": "03_train.ipynb", "backend": "nbddp", "resume": "nbddp"})
-ddp = runtime.setup(backend=backend, resume=resume, script=globals().get("__file__"))
+runtime.apply_flags(globals(), defined_in={"data_path": "01_data_prep.ipynb", "model_name": "01_data_prep.ipynb", "eval_rows": "01_data_prep.ipynb", "max_seq_length": "02_lora_setup.ipynb", "per_device_train_batch_size": "02_lora_setup.ipynb", "dtype": "02_lora_setup.ipynb", "load_in_4bit": "02_lora_setup.ipynb", "lora_r": "02_lora_setup.ipynb", "lora_alpha": "02_lora_setup.ipynb", "use_gradient_checkpointing": "02_lora_setup.ipynb", "max_steps": "03_train.ipynb", "learning_rate": "03_train.ipynb", "gradient_accumulation_steps": "03_train.ipynb", "warmup_steps": "03_train.ipynb", "eval_steps": "03_train.ipynb", "optim": "03_train.ipynb", "output_dir": "03_train.ipynb", "seed": "03_train.ipynb", "save_steps": "03_train.ipynb", "save_total_limit": "03_train.ipynb", "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"})
+ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, script=globals().get("__file__"))
 
 # %% 01_data_prep.ipynb cell 1 [markdown]
 # # 01 · Data prep
@@ -225,7 +226,7 @@ trainer = SFTTrainer(
     processing_class = tokenizer,
     train_dataset = train_dataset,
     eval_dataset = eval_dataset,
-    args = SFTConfig(
+    args = ddp.training_args(SFTConfig)(
         dataset_text_field = "text",
         max_length = max_seq_length,
         packing = False,  # one row per sequence

@@ -2,7 +2,9 @@
 
 - rank-0 side effects happen once: rank-0 prints appear once, the adapter is saved once, by rank 0, and loading it
   back onto the base model gives the trained model's logits;
-- N processes train like one: 2 processes x accumulation 1 log the losses of 1 process x accumulation 2;
+- N processes train like one: run with the same flags, 2 processes log the losses of 1 process (the script keeps
+  the notebook's global batch by halving the accumulation), and say so; `--batch_layout per-device` is classic DDP
+  (2 processes x accumulation 1 log the losses of 1 process x accumulation 2);
 - a notebook written in Unsloth's style (tests/fixtures/unsloth_style) exports with the expected rewrites and runs.
 
 Saves are counted by tests/fixtures/e2e/sitecustomize.py, which every process of a run imports at start-up.
@@ -110,32 +112,53 @@ def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_traine
     torch.testing.assert_close(loaded_logits, trained["logits"], rtol=1e-5, atol=1e-5)
 
 
-def test_two_processes_log_the_losses_of_one_process_accumulating_two_batches(example_script, tmp_path):
-    """The same global batch each step (4 rows per micro-batch, same seed and data order): 1 process accumulating
-    2 micro-batches vs 2 processes with one each. Loss normalisation across ranks must make them equal.
+def test_two_processes_with_the_same_flags_log_the_losses_of_one_process(example_script, tmp_path):
+    """No batch flag but the notebook's accumulation (4 here): 1 process runs 4 rows x 4 micro batches per step,
+    2 processes keep those 16 rows as 4 x 2 x 2 (the default `--batch_layout notebook`). Loss normalisation
+    across ranks must make them equal.
 
     On one CPU they agree to the last bit; 1e-5 leaves room for other CPUs' rounding and still fails when each rank
     averages over its own tokens (average_tokens_across_devices=False: 2e-5 to 4e-4 apart over these 4 steps)."""
+    flags = [*FEW_STEPS, "--warmup_steps", "0", "--gradient_accumulation_steps", "4"]
+    run_script(example_script, *flags, "--output_dir", str(tmp_path / "one"), nproc=None)
+    result = run_script(example_script, *flags, "--output_dir", str(tmp_path / "two"), nproc=2)
+    assert_same_training(tmp_path / "one", tmp_path / "two")
+    output = result.stdout + result.stderr
+    plan = ("global batch 16 rows = 4 per device x 2 accumulation x 2 processes (the notebook: 4 x 4 x 1; "
+            "--batch_layout notebook)")
+    assert output.count(f"nbddp: SFTConfig: {plan}") == 1  # rank 0 says it, once
+    records = map(json.loads, (tmp_path / "two" / "metrics.jsonl").read_text().splitlines())
+    assert [record["text"] for record in records if record.get("event") == "batch_plan"] == [plan]
+
+
+def test_per_device_layout_is_classic_ddp(example_script, tmp_path):
+    """`--batch_layout per-device`: each process runs the notebook's per-device settings, so 2 processes x
+    accumulation 1 train the global batch of 1 process x accumulation 2, as every DDP script does."""
     flags = [*FEW_STEPS, "--warmup_steps", "0"]
     run_script(example_script, *flags, "--gradient_accumulation_steps", "2", "--output_dir", str(tmp_path / "one"),
                nproc=None)
-    run_script(example_script, *flags, "--gradient_accumulation_steps", "1", "--output_dir", str(tmp_path / "two"),
-               nproc=2)
+    result = run_script(example_script, *flags, "--gradient_accumulation_steps", "1", "--batch_layout", "per-device",
+                        "--output_dir", str(tmp_path / "two"), nproc=2)
+    assert "global batch 8 rows = 4 per device x 1 accumulation x 2 processes" in result.stdout
+    assert_same_training(tmp_path / "one", tmp_path / "two")
 
-    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+
+def assert_same_training(one_dir, two_dir):
+    """Per-step training losses to 1e-5, held-out losses to 1e-6, tokens per step equal."""
+    one, two = losses(one_dir), losses(two_dir)
     assert sorted(one) == sorted(two) == [1, 2, 3, 4]
     assert len(set(one.values())) == 4  # the steps saw different batches (and updated weights)
     for step in one:
         assert two[step] == pytest.approx(one[step], abs=1e-5), f"step {step}: 1 process {one[step]}, 2: {two[step]}"
     # The held-out loss too, before and after training (16 held-out rows: two evaluation batches, which
     # Transformers alone normalises across ranks together, 6.40911 against 6.40937 before training).
-    evals_one, evals_two = eval_losses(tmp_path / "one"), eval_losses(tmp_path / "two")
+    evals_one, evals_two = eval_losses(one_dir), eval_losses(two_dir)
     assert sorted(evals_one) == sorted(evals_two) == [0, 4]
     for step in evals_one:
         assert evals_two[step] == pytest.approx(evals_one[step], abs=1e-6), f"eval at {step}: {evals_one} vs {evals_two}"
     # metrics.jsonl counts the tokens of the global batch: rank 0 alone would count half of them
-    tokens_one = [record["tokens"] for record in step_records(tmp_path / "one")]
-    assert [record["tokens"] for record in step_records(tmp_path / "two")] == tokens_one
+    tokens_one = [record["tokens"] for record in step_records(one_dir)]
+    assert [record["tokens"] for record in step_records(two_dir)] == tokens_one
     assert all(count > 8 for count in tokens_one)  # 8 rows of several tokens each
 
 

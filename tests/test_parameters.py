@@ -59,6 +59,7 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
         "# nbddp",
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
+        'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
     ]
     assert merged.origin == [
         None,
@@ -70,9 +71,10 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
         None,
         None,
         None,
+        None,
     ]
     assert merged.defined_in == {"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb",
-                                 "backend": "nbddp", "resume": "nbddp"}
+                                 "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"}
 
 
 def test_same_name_with_the_same_default_is_merged_once():
@@ -101,11 +103,12 @@ def test_equal_values_of_different_types_are_different_defaults():
         merge_parameters([parameters_cell("01_a.ipynb", 1, "x = 1"), parameters_cell("02_b.ipynb", 1, "x = 1.0")])
 
 
-def test_no_parameters_cells_still_give_nbddp_backend_and_resume():
+def test_no_parameters_cells_still_give_nbddp_backend_resume_and_batch_layout():
     merged = merge_parameters([])
     assert merged.source.splitlines() == [
         "# nbddp",
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
+        'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
     ]
-    assert merged.defined_in == {"backend": "nbddp", "resume": "nbddp"}
+    assert merged.defined_in == {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"}

@@ -10,17 +10,19 @@ from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import parse_cell
 
-# nbddp's own parameters, appended after the stages' parameters: the training backend, and whether
-# trainer.train() continues from the last complete checkpoint in output_dir (see runtime.setup).
+# nbddp's own parameters, appended after the stages' parameters: the training backend, whether
+# trainer.train() continues from the last complete checkpoint in output_dir, and how the processes share
+# the notebook's batch (see runtime.setup and runtime.batch_plan).
 NBDDP_PARAMETER_LINES = (
     "# nbddp",
     'backend = "auto"  # auto | unsloth | hf',
     "resume = False  # continue from the last complete checkpoint in output_dir",
+    'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
 )
-NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp"}
+NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"}
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
-RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime")
+RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag
 
 
 @dataclass(frozen=True)

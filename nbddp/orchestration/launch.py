@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, environment, failure_report, stderr_tail
+from nbddp.orchestration import devices, environment, failure_report, parameters, stderr_tail
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
@@ -131,9 +131,14 @@ def execute(plan, environ=None):
     return status
 
 
-def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False):
-    """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status."""
-    plan = plan_launch(script, script_args, options, log_dir)
+def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False, *,
+           overrides=(), batch_layout=None):
+    """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status.
+    `overrides`: `--set NAME=VALUE` lines, checked first, for the workers' NBDDP_SET; `batch_layout`: the script's
+    `--batch_layout` (None: its default)."""
+    extra_env = parameters.checked_overrides_environment(overrides)
+    script_args = [*script_args, *parameters.batch_layout_flags(batch_layout)]
+    plan = plan_launch(script, script_args, options, log_dir, extra_env=extra_env)
     if dry_run:
         print(f"would run: {plan.describe()}", flush=True)
         return 0
@@ -141,3 +146,11 @@ def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOpti
         raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
     print(f"launch: {plan.describe()}", flush=True)
     return execute(plan)
+
+
+def job_script_args(script_args=(), overrides=(), batch_layout=None):
+    """The script flags a SLURM job script passes: `script_args`, `--batch_layout`, and each `--set` line as the
+    script's own `--set` flag (checked now; the job runs later, in an environment of its own)."""
+    parameters.check_overrides([("--set", overrides)])
+    return [*script_args, *parameters.batch_layout_flags(batch_layout),
+            *(word for line in overrides for word in ("--set", line))]

@@ -1,7 +1,7 @@
 """Read a run's metrics.jsonl (docs/design.md) and boil it down to the figures `run` and `regress` show.
 
 Lines are per-step `{"step", "loss", "learning_rate", "tokens_per_s", "peak_mem_gib", "time_s"}`,
-`{"event": "eval", "step", "eval_loss"}` and `{"event": "end", ...}`.
+`{"event": "eval", "step", "eval_loss"}`, `{"event": "batch_plan", ..., "text"}` and `{"event": "end", ...}`.
 """
 
 import json
@@ -21,6 +21,7 @@ class Metrics:
     eval_losses: list  # [(step, held-out loss)]
     tokens_per_s: list
     peak_mem_gib: list
+    batch_plan: dict | None = None  # the last `{"event": "batch_plan"}` record: how the processes shared the batch
 
     @property
     def final_train_loss(self):
@@ -46,7 +47,7 @@ class Metrics:
 
 def read_metrics(path):
     """Parse `path`; a line that is not JSON is an error naming the file and line."""
-    losses, eval_losses, tokens, memory = [], [], [], []
+    losses, eval_losses, tokens, memory, plan = [], [], [], [], None
     with open(path, encoding="utf-8") as stream:
         for number, text in enumerate(stream, start=1):
             if not text.strip():
@@ -55,13 +56,15 @@ def read_metrics(path):
                 record = json.loads(text)
             except json.JSONDecodeError as error:
                 raise NbddpError(f"{path}, line {number}: not a JSON line ({error.msg})") from None
-            if record.get("event") == "eval" and record.get("eval_loss") is not None:
+            if record.get("event") == "batch_plan":
+                plan = record
+            elif record.get("event") == "eval" and record.get("eval_loss") is not None:
                 eval_losses.append((record["step"], record["eval_loss"]))
             elif "event" not in record and record.get("loss") is not None:
                 losses.append((record["step"], record["loss"]))
                 _append_number(tokens, record.get("tokens_per_s"))
                 _append_number(memory, record.get("peak_mem_gib"))
-    return Metrics(losses, eval_losses, tokens, memory)
+    return Metrics(losses, eval_losses, tokens, memory, plan)
 
 
 def last_trainer_state(output_dir):

@@ -1,20 +1,32 @@
-"""Parameters of a generated script: defaults from its `parameters` cell, typed overrides from -p / -f.
+"""Parameters of a generated script: defaults from its `parameters` cell, typed overrides from -p / -f;
+and the training-argument overrides of `--set NAME=VALUE`, for the processes we start.
 
 Values are typed the way the script's own `--name VALUE` flags are (docs/design.md, runtime.apply_flags):
-the default's type decides, so `-p max_steps 3` is the int 3 and `-p lr 2e-4` the float 0.0002.
+the default's type decides, so `-p max_steps 3` is the int 3 and `-p lr 2e-4` the float 0.0002. `--set` lines
+are checked before any work as the runtime will type them (training_overrides, in a child process that sees no
+GPU), and reach the children as the NBDDP_SET environment variable.
 """
 
 import ast
 import difflib
+import json
+import os
+import subprocess
+import sys
 
 import yaml
 
-from nbddp.errors import NotebookError, UsageError
+from nbddp.errors import NbddpError, NotebookError, UsageError
 from nbddp.export.parameters import NBDDP_PARAMETERS  # the parameters export adds to every script
+from nbddp.orchestration import environment
+from nbddp.runtime import training_overrides
 
 PARAMETERS_TAG = "parameters"
+BATCH_LAYOUT = "batch_layout"  # nbddp's own parameter: how N processes share the notebook's batch
+BATCH_LAYOUTS = ("notebook", "per-device", "auto")
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
+CHECK_TIMEOUT_S = 300  # the --set check's child: importing transformers and trl, seconds
 
 
 def read_defaults(notebook, path):
@@ -136,3 +148,80 @@ def _flag_text(value):
         return value
     # None, numbers, lists and dicts as Python literals, which the runtime reads with ast.literal_eval.
     return repr(value)
+
+
+def with_batch_layout(defaults, overrides, batch_layout):
+    """`overrides` plus the `batch_layout` parameter from `--batch-layout` (None: the script's own default)."""
+    if batch_layout is None:
+        return overrides
+    batch_layout = checked_batch_layout(batch_layout)
+    if BATCH_LAYOUT not in defaults:
+        raise UsageError(f"--batch-layout {batch_layout}: the script has no `{BATCH_LAYOUT}` parameter "
+                         "(exported by an older nbddp: run `python pipeline.py export`)")
+    return overrides | {BATCH_LAYOUT: batch_layout}
+
+
+def batch_layout_flags(batch_layout):
+    """The script flag for `--batch-layout` (none for None: the script's own default)."""
+    return [] if batch_layout is None else as_script_flags({BATCH_LAYOUT: checked_batch_layout(batch_layout)})
+
+
+def checked_batch_layout(text):
+    """A `--batch-layout` value: notebook, per-device, auto, or a micro batch size N (the runtime's batch_plan)."""
+    word = text.strip().lower()
+    if word in BATCH_LAYOUTS or (word.isdigit() and int(word) >= 1):
+        return word
+    raise UsageError(f"--batch-layout {text}: expected one of {', '.join(BATCH_LAYOUTS)} or a micro batch size "
+                     "(a whole number from 1)")
+
+
+def check_overrides(groups, environ=None):
+    """Check each group `(where, lines)` of `NAME=VALUE` lines (`--set`, a regression case's `set:`), and the lines
+    the environment's NBDDP_SET already holds, as the runtime will type them; UsageError naming `where` and the
+    line. The names and types are checked in one child process that sees no GPU: on a GPU host, importing
+    transformers' TrainingArguments initialises CUDA (seen on an H200), which the parent must never do."""
+    environ = os.environ if environ is None else environ
+    own = training_overrides.environment_value([], environ).splitlines()
+    groups = [(f"{training_overrides.ENV} line", own), *((where, list(lines)) for where, lines in groups)]
+    for where, lines in groups:
+        training_overrides.environment_value(lines, environ={}, where=where)  # one NAME=VALUE line each, here
+    groups = [[where, lines] for where, lines in groups if lines]
+    if not groups:
+        return
+    command = [sys.executable, "-c", "import sys; from nbddp.runtime import training_overrides as t; "
+                                     "sys.exit(t.main(sys.argv[1:]))", json.dumps(groups)]
+    env = environment.child_environment(cuda_visible_devices="", environ=environ)
+    try:
+        result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise NbddpError(f"checking the --set overrides took over {CHECK_TIMEOUT_S} s (importing transformers)") from None
+    message = result.stdout.strip().splitlines()[-1:] or result.stderr.strip().splitlines()[-1:] or [""]
+    if result.returncode == UsageError.exit_status and result.stdout.strip():
+        raise UsageError(message[0])
+    if result.returncode != 0:
+        raise NbddpError(f"checking the --set overrides failed (exit status {result.returncode}): {message[0]}")
+
+
+def training_overrides_environment(*line_groups, environ=None):
+    """{"NBDDP_SET": ...} for a child process: the lines the environment's NBDDP_SET already holds, then each group
+    of `NAME=VALUE` lines, a later line winning; {} when there are none. Checks nothing: `check_overrides` does."""
+    environ = os.environ if environ is None else environ
+    value = training_overrides.environment_value([line for lines in line_groups for line in lines], environ)
+    return {training_overrides.ENV: value} if value else {}
+
+
+def checked_overrides_environment(lines, environ=None):
+    """NBDDP_SET for the children from `--set` lines, checked first (with the environment's own) as the runtime
+    will type them; {} without any here or in the environment."""
+    check_overrides([(training_overrides.FLAG, lines)], environ)
+    return training_overrides_environment(lines, environ=environ)
+
+
+def suite_override_lines(overrides):
+    """`set: {name: value}` of a regression case as `NAME=VALUE` lines: bools as true/false, lists as their
+    items separated by spaces (a list field's text), anything else as YAML wrote it."""
+    lines = []
+    for name, value in overrides.items():
+        items = value if isinstance(value, list) else [value]
+        lines.append(f"{name}={' '.join(_flag_text(item) if isinstance(item, bool) else str(item) for item in items)}")
+    return lines

@@ -15,8 +15,8 @@ from nbddp.orchestration import compare, devices, files, launch, notebook_run, p
 from nbddp.orchestration.metrics import METRICS_FILE, read_metrics
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 from nbddp.orchestration.suite import load_suite
+from nbddp.runtime import training_overrides
 
-ACCUMULATION = "gradient_accumulation_steps"
 TRAIN_PARITY = "parity max abs loss diff"
 EVAL_PARITY = "parity max abs eval_loss diff"
 
@@ -42,8 +42,9 @@ class CaseResult:
     eval_parity_curves: dict | None = None  # label -> [(step, held-out loss)], parity cases only
 
 
-def regress(suite_path="regress.yaml", only=None, update_baseline=False, runs_root=RUNS_ROOT):
-    """Run the suite (or only the case `only`); returns the report path; raises RegressionFailed."""
+def regress(suite_path="regress.yaml", only=None, update_baseline=False, runs_root=RUNS_ROOT, *, overrides=()):
+    """Run the suite (or only the case `only`); returns the report path; raises RegressionFailed.
+    `overrides`: `--set NAME=VALUE` lines for every case, on top of each case's own `set:`."""
     suite = load_suite(suite_path)
     cases = suite.select(only)
     if not suite.script.is_file():
@@ -52,12 +53,14 @@ def regress(suite_path="regress.yaml", only=None, update_baseline=False, runs_ro
     defaults = parameters.read_defaults(notebook, suite.script)
     # Check every case's parameters before the first run, so a typo costs no training time.
     case_params = {case.name: _case_parameters(suite, case, defaults) for case in cases}
+    case_env = _case_environments(suite, cases, overrides)
     baseline = load_baseline(suite.baseline_path)
     run_dir = new_run_dir("regress", runs_root)
     results = {}
     for case in cases:
         print(f"regress: case {case.name} ({case.mode})", flush=True)
-        results[case.name] = run_case(suite, case, notebook, case_params[case.name], run_dir / case.name)
+        results[case.name] = run_case(suite, case, notebook, case_params[case.name], run_dir / case.name,
+                                      case_env[case.name])
     rows = report_rows(cases, results, baseline, update_baseline)
     report = write_report(run_dir, rows, cases, results, baseline)
     print(report.read_text(encoding="utf-8"), flush=True)
@@ -73,36 +76,46 @@ def _case_parameters(suite, case, defaults):
     params = parameters.resolve(defaults, case.params, file_label=f"--suite {suite.path}: case {case.name}")
     if "output_dir" not in defaults:
         raise UsageError(f"--suite {suite.path}: {suite.script} has no output_dir parameter, so no metrics to compare")
-    if case.mode == "parity" and ACCUMULATION not in defaults:
-        raise UsageError(f"--suite {suite.path}: case {case.name}: parity needs a `{ACCUMULATION}` parameter")
     return params
 
 
-def run_case(suite, case, notebook, params, case_dir):
-    """Run one case into `case_dir`; a run that fails becomes a CaseResult with `error`."""
+def _case_environments(suite, cases, overrides):
+    """{case: NBDDP_SET for its runs}: the case's `set:` lines, then the command line's `--set` (which win); all
+    checked at once."""
+    lines = {case.name: parameters.suite_override_lines(case.overrides) for case in cases}
+    parameters.check_overrides([(training_overrides.FLAG, overrides)] +
+                               [(f"--suite {suite.path}: case {name}: set", lines[name]) for name in lines])
+    return {name: parameters.training_overrides_environment(lines[name], overrides) for name in lines}
+
+
+def run_case(suite, case, notebook, params, case_dir, extra_env=None):
+    """Run one case into `case_dir` (`extra_env`: NBDDP_SET for its processes); a run that fails becomes a
+    CaseResult with `error`."""
     case_dir.mkdir(parents=True)
     try:
         if case.mode == "parity":
-            return _run_parity(suite, case, params, case_dir)
+            return _run_parity(suite, case, params, case_dir, extra_env)
         if case.mode == "papermill":
-            metrics, wall_time_s = _run_papermill(suite, notebook, params, case_dir)
+            metrics, wall_time_s = _run_papermill(suite, notebook, params, case_dir, extra_env)
         else:
-            metrics, wall_time_s = _run_torchrun(suite.script, params, case.nproc, case_dir)
+            metrics, wall_time_s = _run_torchrun(suite.script, params, case.nproc, case_dir, extra_env)
     except (notebook_run.NotebookRunFailed, CaseFailed) as error:
         return CaseResult(error=str(error))
     figures = compare.case_figures(metrics, case.loss_at_steps, wall_time_s)
     return CaseResult(figures, tuple(metrics.losses))
 
 
-def _run_papermill(suite, notebook, params, case_dir):
+def _run_papermill(suite, notebook, params, case_dir, extra_env=None):
     params = params | {"output_dir": str(case_dir)}
-    run = notebook_run.run_notebook(notebook, suite.script, params, case_dir, devices.single_device(), suite.timeout)
+    run = notebook_run.run_notebook(notebook, suite.script, params, case_dir, devices.single_device(), suite.timeout,
+                                    extra_env=extra_env)
     return _read_case_metrics(case_dir), run.wall_time_s
 
 
-def _run_torchrun(script, params, nproc, case_dir):
+def _run_torchrun(script, params, nproc, case_dir, extra_env=None):
     flags = parameters.as_script_flags(params | {"output_dir": str(case_dir)})
-    plan = launch.plan_launch(script, flags, launch.LaunchOptions(nproc=nproc), log_dir=case_dir / "logs")
+    plan = launch.plan_launch(script, flags, launch.LaunchOptions(nproc=nproc), log_dir=case_dir / "logs",
+                              extra_env=extra_env)
     print(f"regress: {plan.describe()}", flush=True)
     started = time.monotonic()
     status = launch.execute(plan)
@@ -119,15 +132,13 @@ def _read_case_metrics(case_dir):
     return read_metrics(path)
 
 
-def _run_parity(suite, case, params, case_dir):
-    """1 process with N x the accumulation vs N processes: the same global batch every step, so the same
-    training losses, and the same held-out losses wherever the runs evaluated (the N processes split the
-    held-out rows between them)."""
-    accumulation = params.get(ACCUMULATION, 1)
-    single_label = f"1 process x accumulation {case.nproc * accumulation}"
-    multi_label = f"{case.nproc} processes x accumulation {accumulation}"
-    single, _ = _run_torchrun(suite.script, params | {ACCUMULATION: case.nproc * accumulation}, 1, case_dir / "single")
-    multi, _ = _run_torchrun(suite.script, params, case.nproc, case_dir / "multi")
+def _run_parity(suite, case, params, case_dir, extra_env=None):
+    """1 process vs N processes with the same parameters: the script keeps the notebook's global batch on N
+    processes (`--batch_layout notebook`, nbddp.runtime.batch_plan), so the same training losses, and the same
+    held-out losses wherever the runs evaluated (the N processes split the held-out rows between them)."""
+    single_label, multi_label = "1 process", f"{case.nproc} processes"
+    single, _ = _run_torchrun(suite.script, params, 1, case_dir / "single", extra_env)
+    multi, _ = _run_torchrun(suite.script, params, case.nproc, case_dir / "multi", extra_env)
     parity = compare.compare_parity(single.losses, multi.losses, case.max_abs_diff)
     if parity.unmatched_steps or parity.max_abs_diff is None:
         raise CaseFailed(f"the two runs logged different steps (only in one of them: {list(parity.unmatched_steps)})")

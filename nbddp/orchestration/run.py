@@ -1,5 +1,7 @@
 """`pipeline.py run`: export check -> smoke -> torchrun, stopping at the first failure, then a summary.
 
+With `--batch-layout auto`, a second smoke run (`smoke-auto/`) trains the same steps in the fuller layout and
+torchrun gets it only if the losses agree (layout_check).
 Everything lands in `runs/<UTC timestamp>-run/`: `smoke/` (the smoke run), `train/` (the training
 run's output_dir, unless -p output_dir says otherwise), `logs/` (every rank's stdout/stderr) and
 `loss_curve.png`.
@@ -9,7 +11,7 @@ import os
 from pathlib import Path
 
 from nbddp.errors import NbddpError
-from nbddp.orchestration import devices, launch, parameters, plots, smoke
+from nbddp.orchestration import devices, launch, layout_check, parameters, plots, smoke
 from nbddp.orchestration.metrics import METRICS_FILE, last_trainer_state, read_metrics, read_trainer_state
 from nbddp.orchestration.sourcemap import SourceMap
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
@@ -37,11 +39,13 @@ def check_export_fresh(script):
 
 
 def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
-        timeout=None, runs_root=RUNS_ROOT):
-    """Check, smoke, launch, summarise. The -p/-f parameters go to torchrun and (but for the run length
-    and output_dir) to the smoke run."""
+        timeout=None, runs_root=RUNS_ROOT, *, overrides=(), batch_layout=None):
+    """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`) go to torchrun and (but for the
+    run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both, as
+    NBDDP_SET."""
     check_export_fresh(script)
-    notebook, defaults, user = smoke.user_parameters(script, flags, params_file)
+    notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout)
+    overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
     run_dir = new_run_dir("run", runs_root)
     train = dict(user)
@@ -50,23 +54,35 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
         train["output_dir"] = str(output_dir)
     logs = run_dir / "logs"
     plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs,
-                              extra_env=smoke.output_dir_environment(defaults, output_dir))
+                              extra_env=smoke.output_dir_environment(defaults, output_dir) | overrides_env)
     # The smoke run takes the user's values except the run length and output_dir, which are the training
     # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
     smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
-    smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke")
+    check = None
+    if user.get(layout_check.BATCH_LAYOUT) == "auto":
+        processes = options.processes(os.environ)
+        check = layout_check.prove(notebook, script, defaults, smoke_user, visible, timeout, run_dir, overrides_env,
+                                   processes)
+        train[layout_check.BATCH_LAYOUT] = check.launch_layout()
+        plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs,
+                                  extra_env=smoke.output_dir_environment(defaults, output_dir) | overrides_env)
+    else:
+        smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke", overrides_env)
     print(f"launch: {plan.describe()}", flush=True)
     status = launch.execute(plan)
     if status != 0:
         raise LaunchFailed(status, logs)
-    summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs)
+    summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check)
     print(summary, flush=True)
     return summary
 
 
-def summarise(run_dir, output_dir, logs):
-    """The summary text; draws loss_curve.png in `run_dir` from the training run's metrics."""
+def summarise(run_dir, output_dir, logs, check=None):
+    """The summary text; draws loss_curve.png in `run_dir` from the training run's metrics; `check`: the smoke
+    run's layout check (`--batch-layout auto`)."""
     lines = [f"run: done; everything is in {run_dir}"]
+    if check is not None:
+        lines.append(f"  layout check:  {check.describe()}")
     adapter = _find_adapter(output_dir)
     lines.append(f"  adapter:       {adapter or f'none found under {output_dir}'}")
     lines.append(f"  logs:          {logs}")
@@ -82,6 +98,10 @@ def summarise(run_dir, output_dir, logs):
     else:
         lines.append(f"  metrics:       none ({metrics_path} was not written)")
         return "\n".join(lines)
+    if metrics.batch_plan:
+        lines.append(f"  batch:         {metrics.batch_plan['text']}")
+        if metrics.batch_plan.get("warning"):
+            lines.append(f"  warning:       {metrics.batch_plan['warning']}")
     lines.append(f"  train loss:    {_figure(metrics.final_train_loss, '.4f')} (final step)")
     lines.append(f"  held-out loss: {_figure(metrics.eval_loss, '.4f')}")
     lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f', ' (median over steps)')}")

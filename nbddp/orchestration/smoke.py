@@ -3,6 +3,8 @@
 A few steps: the `max_steps` parameter set to 3, or, for a script without one (a notebook not written for
 nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (run-overrides);
 likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point training at the run folder.
+`--set NAME=VALUE` overrides of the training arguments reach the kernel as NBDDP_SET (training_overrides), and
+`--batch-layout` as the script's `batch_layout` parameter.
 Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
 params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there).
 """
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, files, notebook_run, parameters
+from nbddp.orchestration import devices, files, launch, layout_check, notebook_run, parameters
 from nbddp.orchestration.metrics import METRICS_FILE
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
@@ -31,35 +33,48 @@ class SmokeResult:
     metrics: Path | None
 
 
-def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeout=None, runs_root=RUNS_ROOT):
+def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeout=None, runs_root=RUNS_ROOT, *,
+          overrides=(), batch_layout=None):
     """Smoke-run `script` with the smoke defaults, then the -f file's values, then each -p flag.
 
     `flags` are `(name, text)` pairs from `-p NAME VALUE`; `device` is None (first GPU, else CPU),
-    `cpu` or a GPU index; `timeout` is per cell, in seconds. Raises NotebookRunFailed (exit 1) at
-    the source notebook cell and line of a failing cell.
+    `cpu` or a GPU index; `timeout` is per cell, in seconds. `overrides` are `NAME=VALUE` lines from
+    `--set` (training arguments; checked before anything runs); `batch_layout` is `--batch-layout`'s value
+    (None: the script's default); with `auto` it smoke-runs both layouts into `smoke/` and `smoke-auto/` and
+    compares them (layout_check), returning None. Raises NotebookRunFailed (exit 1) at the source notebook cell and line of
+    a failing cell.
     """
-    notebook, defaults, user = user_parameters(script, flags, params_file)
+    notebook, defaults, user = user_parameters(script, flags, params_file, batch_layout)
+    overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
-    return run_smoke(notebook, script, defaults, user, visible, timeout, new_run_dir("smoke", runs_root))
+    run_dir = new_run_dir("smoke", runs_root)
+    if user.get(layout_check.BATCH_LAYOUT) == "auto":  # both layouts, compared: what `run` would launch
+        layout_check.prove(notebook, script, defaults, user, visible, timeout, run_dir, overrides_env,
+                           launch.LaunchOptions().processes(os.environ))
+        return None
+    return run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, overrides_env)
 
 
-def user_parameters(script, flags=(), params_file=None):
-    """The script as a notebook, its parameter defaults, and the user's typed overrides (-f, then -p)."""
+def user_parameters(script, flags=(), params_file=None, batch_layout=None):
+    """The script as a notebook, its parameter defaults, and the user's typed overrides (-f, then -p, then
+    --batch-layout)."""
     if not Path(script).is_file():
         raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
     notebook = notebook_run.to_notebook(script)
     defaults = parameters.read_defaults(notebook, script)
     file_values = parameters.load_parameter_file(params_file) if params_file else None
-    return notebook, defaults, parameters.resolve(defaults, file_values, flags, file_label=f"-f {params_file}")
+    user = parameters.resolve(defaults, file_values, flags, file_label=f"-f {params_file}")
+    return notebook, defaults, parameters.with_batch_layout(defaults, user, batch_layout)
 
 
-def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir):
-    """Execute the smoke run into `run_dir` on the device `visible` (a CUDA_VISIBLE_DEVICES value)."""
+def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra_env=None):
+    """Execute the smoke run into `run_dir` on the device `visible` (a CUDA_VISIBLE_DEVICES value); `extra_env`
+    (NBDDP_SET) goes to the kernel too."""
     run_dir.mkdir(parents=True, exist_ok=True)
     injected = smoke_parameters(defaults, user, run_dir)
     files.write_json(run_dir / "params.json", injected)
-    env = smoke_environment(defaults, run_dir)
-    in_env = "".join(f"; {name}={value}" for name, value in env.items())
+    env = smoke_environment(defaults, run_dir) | (extra_env or {})
+    in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())
     print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}", flush=True)
     run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout, extra_env=env)
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))

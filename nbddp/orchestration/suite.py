@@ -14,11 +14,16 @@
         mode: torchrun
         nproc: 2
         params: {max_steps: 8}
-      - name: ddp-parity              # 1 process x accumulation N vs N processes x accumulation 1
+        set: {lr_scheduler_type: cosine}  # training arguments, as `--set NAME=VALUE` (any mode)
+      - name: ddp-parity              # 1 process vs N processes, same parameters: same global batch
         parity: {nproc: 2, max_abs_diff: 1.0e-3}  # per step, training and held-out losses alike
         params: {max_steps: 4}
 
 A tolerance is `relative` (fraction of the baseline), `absolute`, or both (the larger allowance wins).
+`params` are the script's parameters (typed from their defaults, like `-p`); `set` overrides keywords of the
+training arguments the notebook builds, like the script's `--set NAME=VALUE` (bools true/false, a list's items
+separated by spaces; typed and checked as Transformers types that field, before the first run). `pipeline.py
+regress --set NAME=VALUE` applies to every case and wins over a case's `set`.
 """
 
 from dataclasses import dataclass, field
@@ -42,6 +47,7 @@ class Case:
     loss_at_steps: tuple = ()
     tolerances: dict = field(default_factory=dict)
     max_abs_diff: float | None = None  # parity cases only
+    overrides: dict = field(default_factory=dict)  # `set:` {training argument: value}
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,11 @@ def _case(entry, default_tolerances, where):
     params = entry.get("params", {})
     if not isinstance(params, dict):
         raise UsageError(f"{where}: `params` must be a mapping")
-    common = {"name": entry["name"], "params": params}
+    overrides = entry.get("set", {})
+    if not isinstance(overrides, dict) or not all(isinstance(name, str) for name in overrides):
+        raise UsageError(f"{where}: `set` must map training argument names to values, e.g. "
+                         "{learning_rate: 1.0e-4}")
+    common = {"name": entry["name"], "params": params, "overrides": overrides}
     if "parity" in entry:
         parity = entry["parity"]
         if not isinstance(parity, dict) or "max_abs_diff" not in parity:

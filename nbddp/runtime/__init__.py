@@ -2,7 +2,7 @@
 
     from nbddp import runtime
     runtime.apply_flags(globals(), defined_in={"rows": "01_data_prep.ipynb", "backend": "nbddp"})
-    ddp = runtime.setup(backend=backend, resume=resume, script=globals().get("__file__"))
+    ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, script=globals().get("__file__"))
 
 `apply_flags` turns the parameters into command-line flags; `setup` joins torchrun's process group, picks
 the backend, gives every Trainer completion markers for its checkpoints (`checkpoint_callback`) and returns
@@ -19,13 +19,14 @@ from nbddp.runtime.flags import apply_flags, running_in_kernel
 __all__ = ["apply_flags", "setup"]
 
 
-def setup(backend: str, script: str | None, resume: bool = False):
+def setup(backend: str, script: str | None, resume: bool = False, batch_layout="notebook"):
     """Prepare this process for the notebooks' code and return its `DistributedContext`.
 
     `resume`: `trainer.train()` continues from the newest complete checkpoint (see
     `DistributedContext.checkpoint_to_resume`); a worker torchrun restarted resumes without being asked.
+    `batch_layout`: how the processes share the notebook's batch (`batch_plan`).
     """
-    from nbddp.runtime import backends, script_display, tracebacks
+    from nbddp.runtime import backends, script_display, tracebacks, training_overrides
     from nbddp.runtime.context import init_distributed
 
     script_mode = not running_in_kernel()
@@ -35,13 +36,14 @@ def setup(backend: str, script: str | None, resume: bool = False):
         builtins.display = script_display.display  # notebook cells call IPython's builtin display() bare
     try:
         chosen, reason = backends.choose(backend)
-        ddp = init_distributed(resume)
+        ddp = init_distributed(resume, batch_layout)
+        backends.activate(chosen)
+        training_overrides.check(training_overrides.from_environment())  # --set: before any work
     except NbddpError as error:
         if not script_mode:
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
-    backends.activate(chosen)
     from nbddp.runtime import checkpoint_callback  # imports transformers: only once the backend is active
 
     checkpoint_callback.register()

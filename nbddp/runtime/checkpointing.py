@@ -125,13 +125,13 @@ def choose_gradient_checkpointing(use_gradient_checkpointing, model, max_seq_len
     """Decide the mode for `model` (loaded, adapters not yet added), print it on rank 0, keep it on the model,
     and return what Unsloth's `get_peft_model(use_gradient_checkpointing=...)` takes: False, True or "unsloth"."""
     requested = parse_mode(use_gradient_checkpointing)
-    unsloth = _real_unsloth_imported()
+    unsloth = real_unsloth_imported()
     offloads = unsloth and max_seq_length >= UNSLOTH_MIN_OFFLOAD_SEQ
     available = MODES if offloads else tuple(mode for mode in MODES if mode != "unsloth")
     choice = CheckpointingChoice(requested, "off", "", max_seq_length, per_device_train_batch_size,
                                  transformers_peft=not unsloth)
     if model.device.type == "cuda":
-        capacity = _smallest_over_ranks(_capacity_gib(model.device), model.device)
+        capacity = smallest_over_ranks(capacity_gib(model.device), model.device)
         shape = shape_from_model(model, lora_r)
         estimates = {} if shape is None else {
             mode: estimate_peak(shape, max_seq_length, per_device_train_batch_size, mode, transformers_peft=not unsloth)
@@ -183,19 +183,19 @@ def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:
     trainer.add_callback(FirstStepMemoryCheck(choice))
 
 
-def _real_unsloth_imported() -> bool:
+def real_unsloth_imported() -> bool:
     """True once backends.activate imported Unsloth; the fallback installed as `unsloth` keeps its own name."""
     module = sys.modules.get("unsloth")
     return module is not None and module.__name__ == "unsloth"
 
 
-def _capacity_gib(device) -> float:
+def capacity_gib(device) -> float:
     """Memory this process can have on `device`: what is free, plus what its allocator already holds."""
     free, _ = torch.cuda.mem_get_info(device)
     return (free + torch.cuda.memory_reserved(device)) / GIB
 
 
-def _smallest_over_ranks(value: float, device) -> float:
+def smallest_over_ranks(value: float, device) -> float:
     """The smallest `value` of all ranks, so that every rank makes the same choice."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return value

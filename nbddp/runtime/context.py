@@ -6,6 +6,7 @@ it defines the same names (rank 0, world size 1), so generated code never asks w
 import atexit
 import builtins
 import contextlib
+import dataclasses
 import functools
 import importlib.util
 import inspect
@@ -22,6 +23,7 @@ import torch.distributed as dist
 
 from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
+from nbddp.runtime import batch_plan
 from nbddp.runtime.flags import running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
@@ -45,7 +47,7 @@ class DistributedContext:
     """This process's place in the run; the generated script calls it `ddp`."""
 
     def __init__(self, rank=0, local_rank=0, world_size=1, local_world_size=1, device=torch.device("cpu"),
-                 resume=False, restart_count=0):
+                 resume=False, restart_count=0, batch_layout="notebook"):
         self.rank = rank
         self.local_rank = local_rank
         self.world_size = world_size
@@ -55,6 +57,7 @@ class DistributedContext:
         self.is_main_process = rank == 0
         self.restart_count = restart_count  # torchrun restarted the workers this many times (--max-restarts)
         self.resume = resume or restart_count > 0  # a restarted worker continues where the group left off
+        self.batch_layout = batch_plan.parse_layout(batch_layout)  # see batch_plan: how N processes share the batch
         self._warned_optimizers = set()
         self._once = OncePerMachine(local_world_size)
 
@@ -156,6 +159,50 @@ class DistributedContext:
         (`pipeline.py smoke` and `run` set it to their run folder for a script without an `output_dir` parameter)."""
         return os.environ.get("NBDDP_OUTPUT_DIR") or path
 
+    def training_args(self, config_class):
+        """For a notebook's `SFTConfig(...)` (any TrainingArguments-family config), which export writes as
+        `ddp.training_args(SFTConfig)(...)`: the config built with the `--set` overrides (training_overrides) and
+        the batch laid out for this run's processes (batch_plan, `--batch_layout`); rank 0 prints the layout."""
+
+        @functools.wraps(config_class)
+        def build(*args, **kwargs):
+            from nbddp.runtime import training_overrides
+
+            kwargs, notes = training_overrides.apply(config_class, kwargs, training_overrides.from_environment())
+            micro_batch, accumulation = (kwargs.get(name, _field_default(config_class, name))
+                                         for name in ("per_device_train_batch_size", "gradient_accumulation_steps"))
+            plan = batch_plan.plan(micro_batch, accumulation, self._planned_processes(), self.batch_layout,
+                                   running=self.world_size)
+            problem = batch_plan.generation_batch_problem(
+                plan, *(kwargs.get(name, _field_default(config_class, name))
+                        for name in ("num_generations", "generation_batch_size", "steps_per_generation")))
+            if problem:
+                raise UsageError(f"{config_class.__name__}: {problem}")
+            kwargs.update(per_device_train_batch_size=plan.micro_batch, gradient_accumulation_steps=plan.accumulation_here)
+            config = config_class(*args, **kwargs)
+            config.nbddp_batch_plan = plan  # read by fuller_batch (auto) and MetricsCallback (metrics.jsonl)
+            batch_plan.remember(plan)
+            if self.is_main_process:
+                name = config_class.__name__
+                for note in notes:
+                    print(f"nbddp: {name}: --set {note}", flush=True)
+                print(f"nbddp: {name}: {plan.describe()}", flush=True)
+                if plan.warning:
+                    print(f"nbddp: warning: {name}: {plan.warning}", file=sys.stderr, flush=True)
+            return config
+
+        return build
+
+    def _planned_processes(self) -> int:
+        """The processes the batch is laid out for: this run's, or NBDDP_PLAN_PROCESSES on one process (the smoke
+        run's layout check trains as the torchrun run will)."""
+        text = os.environ.get("NBDDP_PLAN_PROCESSES")
+        if not text or self.world_size > 1:
+            return self.world_size
+        if not text.strip().isdigit() or int(text) < 1:
+            raise UsageError(f"NBDDP_PLAN_PROCESSES={text!r}: expected a whole number of processes, 1 or more")
+        return int(text)
+
     def metrics_callback(self):
         """nbddp's MetricsCallback writing to the trainer's `<output_dir>/metrics.jsonl`, for a trainer a notebook
         built without callbacks (the rewrite record-metrics adds it): what `pipeline.py run` and `regress` read."""
@@ -231,6 +278,16 @@ class DistributedContext:
             exit_without_finalization()
 
 
+def _field_default(config_class, name):
+    """The default of dataclass field `name` of `config_class`, None when it has no such field."""
+    field = getattr(config_class, "__dataclass_fields__", {}).get(name)
+    if field is None:
+        return None
+    if field.default_factory is not dataclasses.MISSING:
+        return field.default_factory()
+    return None if field.default is dataclasses.MISSING else field.default
+
+
 def _expand_like_ipython(command, namespace):
     from IPython.utils.text import DollarFormatter  # only for the commands that use expansion
 
@@ -270,7 +327,7 @@ def exit_without_finalization(status: int = 0):
     os._exit(status)
 
 
-def init_distributed(resume=False) -> DistributedContext:
+def init_distributed(resume=False, batch_layout="notebook") -> DistributedContext:
     """Read torchrun's environment and, when there is more than one process, join the process group."""
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -296,7 +353,8 @@ def init_distributed(resume=False) -> DistributedContext:
             # it, every rank would silently train alone on the whole dataset.
             os.environ.setdefault("ACCELERATE_USE_CPU", "true")
             _load_onto_indexed_cpu()
-    return DistributedContext(rank, local_rank, world_size, local_world_size, device, resume, restart_count)
+    return DistributedContext(rank, local_rank, world_size, local_world_size, device, resume, restart_count,
+                              batch_layout)
 
 
 @functools.cache  # once per process

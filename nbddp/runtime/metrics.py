@@ -3,6 +3,9 @@
     {"step": 10, "loss": 2.31, "learning_rate": 0.0002, "tokens": 5120, "tokens_per_s": 5120.4, "peak_mem_gib": 3.2, "time_s": 12.5}
     {"event": "eval", "step": 10, "eval_loss": 2.29}
     {"event": "end", "step": 60, "train_runtime": 75.1, "train_loss": 2.05, ...}
+    {"event": "batch_plan", "micro_batch": 2, "accumulation": 2, "processes": 2, "text": "global batch 8 rows = ..."}
+
+The batch plan (nbddp.runtime.batch_plan, as the trainer's arguments carry it) is written when training starts.
 
 `tokens` are the non-padding input tokens of the training forward passes since the previous line, summed
 over all ranks, so `tokens_per_s` is the throughput of the whole run over the logging interval. They are
@@ -28,6 +31,8 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from nbddp.runtime import batch_plan
+
 
 class MetricsCallback(TrainerCallback):
     def __init__(self, path=None):
@@ -47,6 +52,9 @@ class MetricsCallback(TrainerCallback):
         if state.is_world_process_zero:  # one file per training run
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._start_file(resumed_at=state.global_step)
+            plan = batch_plan.of(args)  # made by ddp.training_args; None for other arguments
+            if plan is not None:
+                self._write({"event": "batch_plan", **plan.as_record(), "text": plan.describe()})
 
     def on_train_end(self, args, state, control, **kwargs):
         self._hook.remove()

@@ -18,8 +18,13 @@ _spec.loader.exec_module(pipeline)
 def calls(monkeypatch):
     """Replace the library functions the subcommands call; record their arguments."""
     recorded = {}
+
+    def record(name, args, kwargs):
+        recorded[name] = args
+        recorded[f"{name} keywords"] = kwargs
+
     for name in ("smoke", "run", "regress"):
-        monkeypatch.setattr(pipeline, name, lambda *args, _name=name: recorded.setdefault(_name, args))
+        monkeypatch.setattr(pipeline, name, lambda *args, _name=name, **kwargs: record(_name, args, kwargs))
     monkeypatch.setattr(pipeline, "launch", lambda *args, **kwargs: recorded.setdefault("launch", (args, kwargs)) and 7)
     monkeypatch.setattr(pipeline, "write_job_script", lambda *args: recorded.setdefault("slurm", args))
     return recorded
@@ -38,7 +43,7 @@ def test_launch_passes_the_world_and_the_script_flags_and_returns_torchrun_statu
     args, kwargs = calls["launch"]
     assert status == 7
     assert args == ("generated/train.py", ["--max_steps", "3"], LaunchOptions("4", 2, 1, "head:29500", "nbddp"))
-    assert kwargs == {"dry_run": True}
+    assert kwargs == {"dry_run": True, "overrides": [], "batch_layout": None}
 
 
 def test_run_takes_launch_and_parameter_options(calls):
@@ -58,7 +63,7 @@ def test_bad_launch_options_exit_2_naming_the_flag(capsys):
 
 
 def test_a_regression_exits_1_with_its_message(monkeypatch, capsys):
-    def regressed(*args):
+    def regressed(*args, **kwargs):
         raise RegressionFailed("regression:\n  case a: final_train_loss 1 -> 2 (WORSE, tolerance 1%)")
 
     monkeypatch.setattr(pipeline, "regress", regressed)
@@ -104,3 +109,64 @@ def test_flags_of_the_other_mode_are_refused(calls, capsys, argv, message):
     assert pipeline.main(["launch", *argv]) == 2
     assert message in capsys.readouterr().err
     assert not calls
+
+
+SET = ["--set", "learning_rate=1e-4", "--set", "lr_scheduler_type=cosine"]
+
+
+@pytest.mark.parametrize("verb", ["smoke", "run", "regress"])
+def test_set_reaches_the_library_as_lines_in_order(calls, verb):
+    assert pipeline.main([verb, *SET]) == 0
+    assert calls[f"{verb} keywords"]["overrides"] == ["learning_rate=1e-4", "lr_scheduler_type=cosine"]
+
+
+def test_set_and_batch_layout_reach_launch(calls):
+    assert pipeline.main(["launch", "--dry-run", *SET, "--batch-layout", "per-device", "--", "--max_steps", "3"]) == 7
+    args, kwargs = calls["launch"]
+    assert args[1] == ["--max_steps", "3"]
+    assert kwargs == {"dry_run": True, "overrides": ["learning_rate=1e-4", "lr_scheduler_type=cosine"],
+                      "batch_layout": "per-device"}
+
+
+@pytest.mark.parametrize("verb", ["smoke", "run"])
+def test_batch_layout_reaches_smoke_and_run(calls, verb):
+    assert pipeline.main([verb, "--batch-layout", "auto"]) == 0
+    assert calls[f"{verb} keywords"]["batch_layout"] == "auto"
+    pipeline.main([verb])
+    assert calls[f"{verb} keywords"] == {"overrides": [], "batch_layout": None}  # the script's own default
+
+
+def test_slurm_passes_set_and_batch_layout_as_script_flags(calls):
+    # The job runs later, in SLURM's environment: the script's own --set and --batch_layout flags carry them.
+    assert pipeline.main(["launch", "--slurm", "--set", "bf16=false", "--batch-layout", "per-device",
+                          "--", "--max_steps", "3"]) == 0
+    assert calls["slurm"][1] == ["--max_steps", "3", "--batch_layout", "per-device", "--set", "bf16=false"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["launch", "--dry-run", "--set", "learnin_rate=1e-4"],
+     "error: --set learnin_rate=1e-4: no training argument named learnin_rate (did you mean learning_rate?)\n"),
+    (["launch", "--dry-run", "--set", "bf16=maybe"], "error: --set bf16=maybe: bf16 takes a bool (true or false), "
+                                                       "not 'maybe'\n"),
+    (["launch", "--dry-run", "--set", "bogus"], "error: --set bogus: expected NAME=VALUE, e.g. --set learning_rate=1e-4\n"),
+    (["launch", "--dry-run", "--batch-layout", "sideways"], "error: --batch-layout sideways: expected one of notebook, "
+                                                             "per-device, auto or a micro batch size"),
+    (["launch", "--slurm", "--set", "max_steps=1.5"], "error: --set max_steps=1.5: max_steps takes an int, not '1.5'\n"),
+])
+def test_bad_set_or_batch_layout_exits_2_with_one_paragraph_before_anything_runs(capsys, tmp_path, monkeypatch, argv,
+                                                                                  message):
+    monkeypatch.chdir(tmp_path)
+    assert pipeline.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith(message.split("\n")[0]) and captured.err.count("\n") == 1
+    assert "would run" not in captured.out and not list(tmp_path.iterdir())  # no job script, no run folder
+
+
+def test_each_verb_teaches_set_and_batch_layout(capsys):
+    for verb in ("smoke", "run", "launch", "regress"):
+        with pytest.raises(SystemExit):
+            pipeline.main([verb, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--set NAME=VALUE override a keyword of the training arguments" in text
+        assert "e.g. --set learning_rate=1e-4" in text
+        assert ("e.g. --batch-layout per-device" in text) is (verb != "regress")

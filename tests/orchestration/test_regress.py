@@ -56,7 +56,7 @@ def test_baseline_from_a_real_run_then_a_pass_then_a_stricter_baseline_fails(wor
 
 
 @pytest.mark.e2e
-def test_parity_of_one_process_with_accumulation_and_two_processes(workdir):
+def test_parity_of_one_and_two_processes_with_the_same_parameters(workdir):
     suite = write_suite(workdir, textwrap.dedent("""\
         script: train_fixture.py
         cases:
@@ -109,7 +109,7 @@ PARITY_SUITE = textwrap.dedent("""\
 
 def fake_parity_runs(monkeypatch, single_evals, multi_evals):
     """The parity case's two runs, without starting a process: equal training losses, the held-out losses given."""
-    def run_torchrun(script, params, nproc, case_dir):
+    def run_torchrun(script, params, nproc, case_dir, extra_env=None):
         evals = single_evals if nproc == 1 else multi_evals
         return Metrics(losses=[(1, 2.0), (2, 1.5)], eval_losses=evals, tokens_per_s=[], peak_mem_gib=[]), 1.0
 

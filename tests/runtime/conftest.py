@@ -58,3 +58,4 @@ def backend_patches_undone_after(monkeypatch):
     monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
     monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
     monkeypatch.setattr(Trainer, "evaluation_loop", Trainer.evaluation_loop)
+    monkeypatch.setattr(Trainer, "train", Trainer.train)  # fuller_batch.patch_trainer

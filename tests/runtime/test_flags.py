@@ -1,8 +1,10 @@
+import os
+import subprocess
 import sys
 
 import pytest
 
-from nbddp.runtime import flags
+from nbddp.runtime import flags, training_overrides
 from nbddp.runtime.flags import apply_flags
 
 
@@ -195,3 +197,92 @@ def test_flags_for_a_pipeline_without_parameters_say_so(monkeypatch, capsys):
     assert exit_info.value.code == 2
     assert ("unrecognized arguments: --x 1 (the notebooks define no parameters: tag a cell `parameters` "
             "to make its assignments flags)") in capsys.readouterr().err
+
+
+# --set NAME=VALUE: training arguments, through NBDDP_SET
+
+
+@pytest.fixture
+def no_overrides_yet(monkeypatch):
+    """NBDDP_SET unset, and put back as it was after the test (apply_flags writes os.environ)."""
+    monkeypatch.setenv(training_overrides.ENV, "")  # records the value to put back: delenv of a missing one would not
+    monkeypatch.delenv(training_overrides.ENV)
+
+
+def test_set_goes_to_the_environment_not_the_scripts_globals(monkeypatch, no_overrides_yet):
+    namespace = run(monkeypatch, "--rows", "5", "--set", "learning_rate=1e-4", "--set=lr_scheduler_type=cosine")
+    assert os.environ[training_overrides.ENV] == "learning_rate=1e-4\nlr_scheduler_type=cosine"
+    assert namespace["rows"] == 5
+    assert namespace["learning_rate"] == 2e-4  # the notebook's parameter of that name is not what --set changes
+    assert "set" not in namespace and flags.SET_DEST not in namespace
+    defaults, _ = parameters()
+    assert set(namespace) == set(defaults)
+
+
+def test_set_lines_follow_those_already_in_the_environment(monkeypatch):
+    monkeypatch.setenv(training_overrides.ENV, "bf16=true")
+    run(monkeypatch, "--set", "bf16=false")
+    assert os.environ[training_overrides.ENV] == "bf16=true\nbf16=false"
+    assert training_overrides.from_environment() == [training_overrides.Override("bf16", "false")]  # the flag wins
+
+
+def test_without_set_the_environment_is_left_alone(monkeypatch, no_overrides_yet):
+    run(monkeypatch, "--rows", "5")
+    assert training_overrides.ENV not in os.environ
+
+
+def test_set_works_for_a_pipeline_without_parameters(monkeypatch, capsys, no_overrides_yet):
+    # Only nbddp's own parameters: --set is no notebook parameter, so "the notebooks define no parameters" must not fire.
+    monkeypatch.setattr(sys, "argv", ["generated/train.py", "--set", "max_steps=5"])
+    namespace = {"backend": "auto", "resume": False}
+    apply_flags(namespace, {"backend": "nbddp", "resume": "nbddp"})
+    assert os.environ[training_overrides.ENV] == "max_steps=5"
+    assert namespace == {"backend": "auto", "resume": False}
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("value", ["learning_rate", "=1"])
+def test_a_set_that_is_not_name_equals_value_exits_2(monkeypatch, capsys, no_overrides_yet, value):
+    with pytest.raises(SystemExit) as exit_info:
+        run(monkeypatch, "--set", value)
+    assert exit_info.value.code == 2
+    assert f"error: argument --set: {value}: expected NAME=VALUE, e.g. --set learning_rate=1e-4\n" in capsys.readouterr().err
+    assert training_overrides.ENV not in os.environ
+
+
+def test_help_teaches_set(monkeypatch, capsys):
+    with pytest.raises(SystemExit):
+        run(monkeypatch, "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert ("--set NAME=VALUE override any keyword of the training arguments the notebook builds (TrainingArguments, "
+            "SFTConfig, GRPOConfig, ...), typed as Transformers types that field; repeatable; e.g. --set "
+            "learning_rate=1e-4 --set lr_scheduler_type=cosine") in text
+
+
+def test_kernel_mode_reads_no_set_from_argv(monkeypatch, no_overrides_yet):
+    monkeypatch.setitem(sys.modules, "ipykernel.kernelapp", type(sys)("ipykernel.kernelapp"))
+    monkeypatch.setattr(sys.modules["ipykernel.kernelapp"], "IPKernelApp", FakeKernelApp, raising=False)
+    run(monkeypatch, "--set", "bf16=true")  # papermill's kernel: NBDDP_SET comes from pipeline.py's environment
+    assert training_overrides.ENV not in os.environ
+
+
+def test_a_script_without_parameters_takes_set_before_torch_loads(tmp_path):
+    # What the setup cell of a script exported from notebooks without a parameters cell runs, up to runtime.setup.
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys\n"
+        "from nbddp import runtime\n"
+        'backend = "auto"\n'
+        'runtime.apply_flags(globals(), defined_in={"backend": "nbddp"})\n'
+        'print(repr(os.environ["NBDDP_SET"]), "set" in globals(), "torch" in sys.modules, "transformers" in sys.modules)\n'
+    )
+    env = {**os.environ, "NBDDP_SET": "seed=1"}
+    result = subprocess.run([sys.executable, str(script), "--set", "learning_rate=1e-4", "--set", "bf16=false"],
+                            env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "'seed=1\\nlearning_rate=1e-4\\nbf16=false' False False False\n"
+    bad = subprocess.run([sys.executable, str(script), "--set", "bogus"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines()[-1] == ("train.py: error: argument --set: bogus: expected NAME=VALUE, "
+                                                   "e.g. --set learning_rate=1e-4")

@@ -14,6 +14,7 @@ from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell
 from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
+from nbddp.export.rewrites.plan_training_args import PlanTrainingArgs
 from nbddp.export.rewrites.record_metrics import RecordMetrics
 from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
@@ -32,6 +33,7 @@ REWRITES: list[type[Rewrite]] = [
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
     RunOverrides,
+    PlanTrainingArgs,
     RecordMetrics,
     RenameTrainerTokenizer,
     ResumeFromCheckpoint,

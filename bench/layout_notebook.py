@@ -1,0 +1,812 @@
+"""A real Unsloth notebook's exported script on one GPU, as written (A) vs `--batch_layout auto` (B).
+
+    python -m bench.layout_notebook run --out $OUT --parts alpaca_8b,alpaca_1b,conversational_3b --deadline-s 540
+    python -m bench.layout_notebook summarize --out FILES_AT --json layout_1gpu.json   # again, here, afterwards
+
+Run by bench/layout_1gpu.sh (one device call, kind nvidia-h200, carry .gpu-site). Nothing downloads: each
+part copies an unmodified notebook of unslothai/notebooks from `.gpu-site/notebooks/` (git-ignored and carried,
+never committed: fetched material; `SOURCE.txt` there names the commit) into `<work>/<part>/nb/01_nb.ipynb`,
+exports it with `pipeline.py export`, and runs `<work>/<part>/nb/out/train.py` from `<work>/<part>/`, where
+stand-ins sit under the hub ids the notebook names:
+
+- the model id (and the names Unsloth's mapper turns it into under `load_in_4bit`, e.g. `unsloth/Llama-3.1-8B` ->
+  `unsloth/Llama-3.1-8B-unsloth-bnb-4bit`): folders of symlinks to a random-init bf16 model of the part's shape
+  (bench/materialize.py, once per machine under `<work>/models/<shape>`; Unsloth quantizes it to 4 bits as it
+  loads), with the tiny word-level tokenizer (120 ids, all far below the model's vocabulary; the conversational
+  part adds the Llama-3 header tokens and role words, 131 ids);
+- the dataset id: a folder with `train.jsonl`, 1024 seeded rows in the notebook's columns. Alpaca rows
+  (instruction/input/output; 60% with an empty input as in alpaca-cleaned, else 1-80 words) whose formatted
+  training text (the notebook's own alpaca_prompt + EOS, BOS from the tokenizer) is exactly L tokens, L uniform on
+  256..512;
+  ShareGPT rows (`conversations` of from/value turns, 1 or 2 exchanges, plus `source` and `score` as FineTome's)
+  aimed at the same lengths after the llama-3.1 chat template (within about 10 tokens: the template is Unsloth's).
+
+Each round runs A (`LAYOUT_A_FLAGS`, default none: the notebook as written) then B (`LAYOUT_B_FLAGS`, default
+`--batch_layout auto`), each a fresh `torchrun --nproc_per_node 1` (`LAYOUT_LAUNCH=python`: plain python) with
+NBDDP_OUTPUT_DIR set to the trial's folder, so every trial keeps its metrics.jsonl and checkpoint. The notebook's
+own 60 steps and 2 x 4 layout unless LAYOUT_MAX_STEPS is set. A part starts only if its preparation and first pair
+fit before the deadline, a trial only if it is expected to end before it (a pair's A only if its B fits too);
+one running at the deadline is stopped. After every trial `<out>/layout_1gpu.json` is rewritten (`summarize`).
+
+CPU check (no GPU, no Unsloth): LAYOUT_TINY=1 puts the tiny model (nbddp.runtime.tiny_model.ensure_weights of
+models/tiny-llama) under every stand-in name and shortens the rows (LAYOUT_MIN_TOKENS/LAYOUT_MAX_TOKENS, default
+128..256 with it); the script then runs on the Transformers+PEFT backend.
+"""
+import argparse
+import dataclasses
+import datetime
+import gzip
+import hashlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import random
+import re
+import runpy
+import shlex
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / ".gpu-site" / "notebooks"
+TINY_MODEL = REPO / "models" / "tiny-llama"
+SUMMARY = "layout_1gpu.json"
+PACKAGES = ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "accelerate", "datasets",
+            "bitsandbytes", "triton")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+               "UNSLOTH_DISABLE_STATISTICS": "1", "PYTHONUNBUFFERED": "1"}
+# Never let a process use NVLink multicast (it can take the host's shared GPUs down).
+SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+DATA_ROWS = 1024
+LOG_GZ_LIMIT = 1 << 20  # bytes of a trial's gzipped console that come back (a device call returns < 16 MiB)
+SEED = 3407
+# Llama-3 chat tokens (special) and role words (plain) the llama-3.1 template writes; train_on_responses_only
+# finds the answers by `<|start_header_id|>assistant<|end_header_id|>\n\n`, which the tiny vocabulary lacks.
+CHAT_SPECIAL = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+                "<|eom_id|>", "<|python_tag|>")
+CHAT_WORDS = ("system", "user", "assistant", "ipython")
+# Tokens the llama-3.1 template adds with this tokenizer: BOS(es) and the system block (its date lines are <unk>s),
+# then per message the header, blank line and eot. Checked on CPU against Unsloth's template text: rows land within
+# a few tokens of their target.
+CHAT_OVERHEAD = (24, 6)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    notebook: str  # file name under .gpu-site/notebooks/
+    shape: str  # bench/configs/<shape>
+    data: str  # "alpaca" | "sharegpt"
+    chat_tokens: bool  # add the Llama-3 chat tokens to the tokenizer
+    first_trial_s: int  # guess before a trial of the part has run (trials then count their slowest)
+    prepare_s: int  # guess for materialization when the model is not there yet
+    max_trial_s: int  # a trial still running then is hung
+
+
+PARTS = {
+    "alpaca_8b": Part("Llama3.1_(8B)-Alpaca.ipynb", "llama3-8b", "alpaca", False, 150, 45, 330),
+    "alpaca_1b": Part("Llama3.1_(8B)-Alpaca.ipynb", "llama-1.1b", "alpaca", False, 80, 15, 240),
+    "conversational_3b": Part("Llama3.2_(1B_and_3B)-Conversational.ipynb", "llama3.2-3b", "sharegpt", True, 110,
+                              25, 270),
+}
+VARIANTS = ("A", "B")
+TINY_FIRST_TRIAL_S, TINY_MAX_TRIAL_S = 30, 300
+
+
+def log(text):
+    print(f"[layout] {text}", flush=True)
+
+
+def tiny_mode():
+    return os.environ.get("LAYOUT_TINY", "") not in ("", "0")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What the notebook names
+
+
+def code_source(notebook_path):
+    cells = json.loads(Path(notebook_path).read_text(encoding="utf-8"))["cells"]
+    return "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+
+
+def notebook_facts(source):
+    """The hub ids and settings a notebook's code names: the model of its first from_pretrained, load_in_4bit, the
+    dataset of its first load_dataset, its Alpaca template (None without one)."""
+    model = re.search(r"from_pretrained\(\s*model_name\s*=\s*[\"']([^\"']+)[\"']", source)
+    dataset = re.search(r"load_dataset\(\s*[\"']([^\"']+)[\"']", source)
+    four_bit = re.search(r"^load_in_4bit\s*=\s*(True|False)", source, re.M)
+    prompt = re.search(r'alpaca_prompt\s*=\s*"""(.*?)"""', source, re.S)
+    if not model or not dataset:
+        raise ValueError("the notebook names no from_pretrained(model_name=...) or no load_dataset(...)")
+    return {"model_id": model.group(1), "dataset_id": dataset.group(1),
+            "load_in_4bit": four_bit is None or four_bit.group(1) == "True",
+            "alpaca_prompt": prompt.group(1) if prompt else None}
+
+
+def unsloth_names(model_id, load_in_4bit):
+    """The model id, and what Unsloth's own mapper (read, not imported: importing Unsloth needs a GPU) loads
+    instead, plus the plain `-bnb-4bit` name: every name a stand-in must answer to."""
+    names = [model_id]
+    if load_in_4bit:
+        names += [model_id + "-bnb-4bit", model_id + "-unsloth-bnb-4bit"]
+        spec = importlib.util.find_spec("unsloth")
+        if spec is not None and spec.submodule_search_locations:
+            mapper = Path(list(spec.submodule_search_locations)[0]) / "models" / "mapper.py"
+            try:
+                table = runpy.run_path(str(mapper)).get("FLOAT_TO_INT_MAPPER", {})
+                mapped = table.get(model_id.lower()) or table.get(model_id)
+                if mapped:
+                    names.append(mapped)
+            except Exception as error:  # the extra names above cover the usual mappings
+                log(f"could not read Unsloth's mapper {mapper}: {error}")
+    names += [n.lower() for n in names]  # hub ids are case-insensitive; a lowercased one must find a folder too
+    return list(dict.fromkeys(names))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Stand-ins
+
+
+def chat_tokenizer(out_dir, max_length):
+    """The tiny tokenizer with the Llama-3 chat tokens and role words added (ids from 120 up)."""
+    from transformers import AutoTokenizer
+
+    out_dir = Path(out_dir)
+    if (out_dir / "tokenizer.json").exists():
+        return out_dir
+    tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+    tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_SPECIAL)})
+    tokenizer.add_tokens(list(CHAT_WORDS))
+    tokenizer.model_max_length = max_length
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    tokenizer.save_pretrained(str(partial))
+    config_path = partial / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"  # as the tiny tokenizer's config names it
+    for key in ("is_local", "local_files_only"):  # where it was loaded from: not the stand-in's business
+        config.pop(key, None)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(partial, out_dir)
+    return out_dir
+
+
+def place_standin(model_dir, dest, tokenizer_dir=None):
+    """`dest`: symlinks to the model folder's files, the tokenizer's files copied from `tokenizer_dir` if given."""
+    dest = Path(dest)
+    if dest.is_symlink() or dest.is_file():
+        dest.unlink()
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    for path in sorted(Path(model_dir).iterdir()):
+        if path.is_file() and not (tokenizer_dir and path.name in TOKENIZER_FILES):
+            (dest / path.name).symlink_to(path.resolve())
+    if tokenizer_dir:
+        for path in sorted(Path(tokenizer_dir).iterdir()):
+            if path.is_file():
+                shutil.copyfile(path, dest / path.name)
+
+
+def target_lengths(count, low, high, seed):
+    rng = random.Random(seed)
+    return [rng.randint(low, high) for _ in range(count)]
+
+
+def _words(tokenizer):
+    from bench.make_data import vocabulary_words
+
+    words = vocabulary_words(tokenizer)
+    vocab = tokenizer.get_vocab()
+    starts = [w for w in ("Copy", "Give", "Reverse", "Sort") if w in vocab] or words
+    return words, starts
+
+
+def alpaca_row(tokenizer, prompt, eos, words, starts, target, rng):
+    """A row in alpaca-cleaned's columns whose `prompt.format(...) + eos` tokenizes to exactly `target` tokens."""
+    budget = target - len(tokenizer.encode(prompt.format("", "", "") + eos).ids)  # tokens the three fields get
+    if budget < 8:
+        raise ValueError(f"target {target} leaves {budget} tokens after the template")
+    instruction = " ".join([rng.choice(starts)] + [rng.choice(words)
+                                                   for _ in range(rng.randint(3, min(11, budget // 4)))]) + "."
+    row_input = "" if rng.random() < 0.6 else " ".join(rng.choice(words)
+                                                        for _ in range(rng.randint(1, min(80, budget // 3))))
+    count, length = 1, None
+    for _ in range(8):
+        output = " ".join(rng.choice(words) for _ in range(count)) + "."
+        row = {"instruction": instruction, "input": row_input, "output": output}
+        length = len(tokenizer.encode(prompt.format(instruction, row_input, output) + eos).ids)
+        if length == target:
+            return row
+        count += target - length
+        if count < 1:
+            raise ValueError(f"target {target} is shorter than the row without an output ({length} tokens)")
+    raise ValueError(f"could not reach exactly {target} tokens (last try {length})")
+
+
+def sharegpt_row(words, target, rng):
+    """A row in FineTome-100k's columns aimed at `target` tokens after the llama-3.1 chat template."""
+    exchanges = 1 if rng.random() < 0.7 else 2
+    budget = target - CHAT_OVERHEAD[0] - CHAT_OVERHEAD[1] * 2 * exchanges
+    questions = [rng.randint(10, 60) for _ in range(exchanges)]
+    answer_total = max(exchanges, budget - sum(questions) - 2 * exchanges)  # each message ends with "."
+    answers = [answer_total // exchanges] * exchanges
+    answers[-1] += answer_total - sum(answers)
+    turns = []
+    for asked, answered in zip(questions, answers):
+        turns.append({"from": "human", "value": " ".join(rng.choice(words) for _ in range(asked)) + "."})
+        turns.append({"from": "gpt", "value": " ".join(rng.choice(words) for _ in range(answered)) + "."})
+    return {"conversations": turns, "source": "nbddp-bench-standin", "score": 5.0}
+
+
+def write_dataset(dest, kind, tokenizer_json, prompt, eos, low, high, rows=DATA_ROWS, seed=SEED):
+    """`dest/train.jsonl`; returns what it holds (row count, target token lengths)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    words, starts = _words(tokenizer)
+    rng = random.Random(seed)
+    lengths = target_lengths(rows, low, high, seed)
+    dest = Path(dest)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    with open(dest / "train.jsonl", "w", encoding="utf-8") as out:
+        for target in lengths:
+            if kind == "alpaca":
+                row = alpaca_row(tokenizer, prompt, eos, words, starts, target, rng)
+            else:
+                row = sharegpt_row(words, target, rng)
+            out.write(json.dumps(row) + "\n")
+    return {"kind": kind, "rows": rows, "seed": seed, "exact_lengths": kind == "alpaca",
+            "target_tokens": {"low": low, "high": high, "distribution": "uniform integers",
+                              "min": min(lengths), "median": statistics.median(lengths), "max": max(lengths),
+                              "mean": sum(lengths) / len(lengths)}}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Preparing a part
+
+
+def trial_env(part_dir, output_dir=None):
+    env = dict(os.environ)
+    env.update(OFFLINE_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    if not tiny_mode():
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    if output_dir is not None:
+        env["NBDDP_OUTPUT_DIR"] = str(output_dir)
+    if os.environ.get("LAYOUT_MAX_STEPS"):
+        env["NBDDP_MAX_STEPS"] = os.environ["LAYOUT_MAX_STEPS"]
+    env.update(SAFE_ENV)
+    return env
+
+
+def materialize_model(shape, work):
+    """The model folder of `shape` (once per machine: bench.materialize keeps an identical one) and seconds spent."""
+    started = time.monotonic()
+    if tiny_mode():
+        sys.path.insert(0, str(REPO))
+        from nbddp.runtime.tiny_model import ensure_weights
+
+        return Path(ensure_weights(str(TINY_MODEL))), time.monotonic() - started
+    for ready in model_candidates(shape, work):
+        if ready is not None:
+            return ready, time.monotonic() - started
+    out = Path(work) / "models" / shape
+    subprocess.run([sys.executable, "-m", "bench.materialize", "--shape", shape, "--out", str(out)], check=True,
+                   cwd=REPO, env={**os.environ, **SAFE_ENV, "CUDA_VISIBLE_DEVICES": "0"})
+    return out, time.monotonic() - started
+
+
+def model_candidates(shape, work):
+    """Model folders of `shape` already on this machine (ours, or bench.harness's in /tmp/bench), None for each
+    folder that is not there or was made from another config or seed."""
+    from bench.materialize import STAMP, shape_config, stamp_for
+
+    expected = stamp_for(shape, 0, shape_config(shape))
+    found = []
+    for folder in (Path(work) / "models" / shape, Path("/tmp/bench/models") / shape):
+        try:
+            found.append(folder if json.loads((folder / STAMP).read_text()) == expected else None)
+        except (OSError, ValueError):
+            found.append(None)
+    return found
+
+
+def model_ready(shape, work):
+    return tiny_mode() or any(model_candidates(shape, work))
+
+
+def prepare_part(name, part, work):
+    """Export the notebook and lay out its stand-ins under `<work>/<name>/`; returns the part's facts."""
+    started = time.monotonic()
+    part_dir = Path(work) / name
+    notebook = NOTEBOOKS / part.notebook
+    facts = {"part": name, "notebook": part.notebook, "shape": "tiny-llama" if tiny_mode() else part.shape,
+             "dir": str(part_dir)}
+    if not notebook.is_file():
+        return {**facts, "status": "blocked", "blocker": f"{notebook} is missing (carry .gpu-site)"}
+    facts["notebook_sha256"] = hashlib.sha256(notebook.read_bytes()).hexdigest()
+    named = notebook_facts(code_source(notebook))
+    prompt = named.pop("alpaca_prompt")
+    facts.update(named)
+    nb_dir = part_dir / "nb"
+    shutil.rmtree(nb_dir, ignore_errors=True)
+    nb_dir.mkdir(parents=True)
+    shutil.copyfile(notebook, nb_dir / "01_nb.ipynb")
+    export = subprocess.run([sys.executable, "pipeline.py", "export", "--notebooks", str(nb_dir), "--out",
+                             str(nb_dir / "out")], cwd=REPO, capture_output=True, text=True)
+    facts["export_returncode"] = export.returncode
+    facts["export_tail"] = (export.stdout + export.stderr).strip().splitlines()[-3:]
+    script = nb_dir / "out" / "train.py"
+    if export.returncode != 0 or not script.is_file():
+        return {**facts, "status": "blocked", "blocker": "pipeline.py export failed"}
+    facts["script"] = str(script)
+    help_run = subprocess.run([sys.executable, str(script), "--help"], cwd=part_dir, env=trial_env(part_dir),
+                              capture_output=True, text=True)
+    facts["help_has_batch_layout"] = "--batch_layout" in help_run.stdout
+    facts["help_batch_layout"] = [line.strip() for line in help_run.stdout.splitlines() if "batch_layout" in line
+                                  or "per-device" in line][:4]
+    flags = variant_flags()
+    if "--batch_layout" in " ".join(flags["A"] + flags["B"]) and not facts["help_has_batch_layout"]:
+        return {**facts, "status": "blocked",
+                "blocker": "the exported script has no --batch_layout flag yet (train.py --help); set LAYOUT_B_FLAGS "
+                           "to run without it"}
+    model_dir, facts["materialize_s"] = materialize_model(part.shape, work)
+    facts["model_dir"] = str(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    tokenizer_dir = None
+    if part.chat_tokens:
+        tokenizer_dir = chat_tokenizer(Path(work) / "tokenizers" / f"llama3-chat-{config['max_position_embeddings']}",
+                                       config["max_position_embeddings"])
+    facts["standin_names"] = unsloth_names(facts["model_id"], facts["load_in_4bit"])
+    for standin in facts["standin_names"]:
+        place_standin(model_dir, part_dir / standin, tokenizer_dir)
+    tokenizer_json = (tokenizer_dir or model_dir) / "tokenizer.json"
+    tokenizer_config = json.loads(((tokenizer_dir or model_dir) / "tokenizer_config.json").read_text())
+    from tokenizers import Tokenizer
+
+    facts["tokenizer"] = {"size": Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True),
+                          "model_vocab_size": config["vocab_size"], "chat_tokens": part.chat_tokens}
+    low, high = ((int(os.environ.get("LAYOUT_MIN_TOKENS", 128)), int(os.environ.get("LAYOUT_MAX_TOKENS", 256)))
+                 if tiny_mode() else
+                 (int(os.environ.get("LAYOUT_MIN_TOKENS", 256)), int(os.environ.get("LAYOUT_MAX_TOKENS", 512))))
+    facts["data"] = write_dataset(part_dir / facts["dataset_id"], part.data, tokenizer_json, prompt,
+                                  tokenizer_config.get("eos_token", "</s>"), low, high)
+    facts["prepare_s"] = time.monotonic() - started
+    facts["status"] = "ready"
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trials
+
+
+def variant_flags():
+    return {"A": shlex.split(os.environ.get("LAYOUT_A_FLAGS", "")),
+            "B": shlex.split(os.environ.get("LAYOUT_B_FLAGS", "--batch_layout auto"))}
+
+
+def launch_command(script, flags):
+    if os.environ.get("LAYOUT_LAUNCH", "torchrun") == "python":
+        return [sys.executable, str(script), *flags]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(script), *flags]
+
+
+def clean_lines(text):
+    """Console lines with progress-bar redraws (carriage returns) split apart."""
+    return [line.rstrip() for line in text.replace("\r", "\n").splitlines()]
+
+
+def log_facts(text):
+    """What a trial's console says about the plan, the checkpointing choice, Unsloth's own batch line, memory."""
+    lines = clean_lines(text)
+    nbddp = list(dict.fromkeys(line.strip() for line in lines if line.strip().startswith("nbddp:")))
+    unsloth_batch = list(dict.fromkeys(line.strip() for line in lines
+                                       if re.search(r"Batch size per device|Total batch size", line)))
+    peak = re.findall(r"Peak reserved memory = ([\d.]+) GB", text)
+    runtime = re.findall(r"([\d.]+) seconds used for training", text)
+    return {
+        "nbddp_lines": nbddp,
+        "plan_lines": [line for line in nbddp if "global batch" in line],
+        "checkpointing_lines": [line for line in nbddp if re.search(r"checkpointing", line, re.I)],
+        "batch_layout_lines": [line for line in nbddp if "--batch_layout" in line],
+        "unsloth_batch_lines": unsloth_batch,
+        "notebook_peak_reserved_gb": float(peak[-1]) if peak else None,
+        "notebook_train_runtime_s": float(runtime[-1]) if runtime else None,
+        "errors": [line.strip() for line in lines if re.search(r"Error|Traceback|nbddp: error", line)][-12:],
+    }
+
+
+def excerpt(text, tail=80):
+    """The lines worth keeping from a trial's console: every nbddp/Unsloth/error line, and the last `tail`."""
+    lines = clean_lines(text)
+    keep = [i for i, line in enumerate(lines)
+            if re.search(r"nbddp|Unsloth|Error|Traceback|Warning|warning|batch size|Batch size", line)]
+    chosen = sorted(set(keep) | set(range(max(0, len(lines) - tail), len(lines))))
+    out, last = [], -1
+    for i in chosen:
+        if i != last + 1:
+            out.append(f"[... {i - last - 1} lines ...]")
+        out.append(lines[i][:2000])
+        last = i
+    return "\n".join(out) + "\n"
+
+
+def latest_trainer_state(output_dir):
+    states = sorted(Path(output_dir).glob("checkpoint-*/trainer_state.json"),
+                    key=lambda p: int(p.parent.name.split("-")[-1]) if p.parent.name.split("-")[-1].isdigit() else -1)
+    return states[-1] if states else None
+
+
+def run_trial(facts, variant, round_, timeout_s, work, out):
+    """One fresh run of the part's script; its files go to `<out>/trials/<part>/<NN>_<variant>/`."""
+    name = facts["part"]
+    label = f"{round_:02d}_{variant}"
+    trial_work = Path(work) / name / "trials" / label
+    shutil.rmtree(trial_work, ignore_errors=True)
+    trial_work.mkdir(parents=True)
+    output_dir = trial_work / "output"
+    flags = variant_flags()[variant]
+    command = launch_command(facts["script"], flags)
+    started = time.monotonic()
+    with open(trial_work / "log.txt", "w", encoding="utf-8") as console:
+        process = subprocess.Popen(command, cwd=facts["dir"], env=trial_env(facts["dir"], output_dir),
+                                   stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            returncode = process.wait(timeout=timeout_s)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            returncode = process.returncode
+    wall = time.monotonic() - started
+    text = (trial_work / "log.txt").read_text(encoding="utf-8", errors="replace")
+    dest = Path(out) / "trials" / name / label
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    if (output_dir / "metrics.jsonl").exists():
+        shutil.copyfile(output_dir / "metrics.jsonl", dest / "metrics.jsonl")
+    state = latest_trainer_state(output_dir)
+    if state:
+        shutil.copyfile(state, dest / "trainer_state.json")
+    (dest / "log_excerpt.txt").write_text(excerpt(text), encoding="utf-8")
+    compressed = gzip.compress(text.encode("utf-8", errors="replace"))
+    if len(compressed) <= LOG_GZ_LIMIT:  # the whole console, for a trial that went wrong in a way the excerpt misses
+        (dest / "log.txt.gz").write_bytes(compressed)
+    record = {"part": name, "round": round_, "variant": variant, "flags": flags,
+              "command": shlex.join(command), "cwd": facts["dir"], "output_dir": str(output_dir),
+              "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"), "returncode": returncode, "timed_out": timed_out,
+              "timeout_s": timeout_s, "wall_s": wall, "log": log_facts(text)}
+    (dest / "trial.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Summary (pure functions of $OUT's files)
+
+
+def read_metrics(path):
+    """(per-step records, end record or None, batch_plan record or None) of a metrics.jsonl."""
+    steps, end, plan = [], None, None
+    path = Path(path)
+    if not path.exists():
+        return steps, end, plan
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        event = record.get("event")
+        if event == "end":
+            end = record
+        elif event == "batch_plan":
+            plan = record
+        elif event is None and "loss" in record:
+            steps.append(record)
+    return steps, end, plan
+
+
+def warmup_steps(count):
+    """Steps left out of the steady-state figures: 5 of a 20-step-or-longer run, else 1 (of 3 or more)."""
+    return 5 if count >= 20 else 1 if count >= 3 else 0
+
+
+def trial_figures(steps, end, plan, state=None):
+    """Per-trial numbers from its metrics.jsonl records (and trainer_state.json's log_history when no metrics)."""
+    if not steps and state:
+        history = [h for h in state.get("log_history", []) if "loss" in h]
+        steps = [{"step": h["step"], "loss": h["loss"]} for h in history]
+        end = end or next((h for h in state.get("log_history", []) if "train_runtime" in h), None)
+    skip = warmup_steps(len(steps))
+    steady = steps[skip:]
+    rates = [s["tokens_per_s"] for s in steady if s.get("tokens_per_s")]
+    tokens = [s["tokens"] for s in steps if s.get("tokens") is not None]
+    # Tokens of the steady steps over the time from the end of the last warm-up step (or of step 1) to the end.
+    overall = None
+    base, counted = (steps[skip - 1], steady) if skip else (steps[0] if steps else None, steps[1:])
+    if counted and base.get("time_s") is not None and counted[-1].get("time_s") is not None \
+            and all(s.get("tokens") is not None for s in counted):
+        elapsed = counted[-1]["time_s"] - base["time_s"]
+        overall = sum(s["tokens"] for s in counted) / elapsed if elapsed > 0 else None
+    peaks = [s["peak_mem_gib"] for s in steps if s.get("peak_mem_gib") is not None]
+    return {
+        "steps": len(steps),
+        "warmup_steps": skip,
+        "losses": [s["loss"] for s in steps],
+        "loss_steps": [s["step"] for s in steps],
+        "median_tokens_per_s": statistics.median(rates) if rates else None,
+        "tokens_per_s_overall": overall,
+        "tokens_per_step_median": statistics.median(tokens) if tokens else None,
+        "peak_mem_gib": max(peaks) if peaks else None,
+        "train_runtime_s": end.get("train_runtime") if end else None,
+        "train_loss": end.get("train_loss") if end else None,
+        "batch_plan": plan,
+    }
+
+
+def max_relative_difference(a_steps, a_losses, b_steps, b_losses):
+    """max over the steps both have of |b - a| / |a|, and the step where it is; (None, None) without common steps."""
+    a = dict(zip(a_steps, a_losses))
+    b = dict(zip(b_steps, b_losses))
+    common = [s for s in a if s in b]
+    if not common:
+        return None, None
+    diffs = [(abs(b[s] - a[s]) / max(abs(a[s]), 1e-12), s) for s in common]
+    worst = max(diffs)
+    return worst[0], worst[1]
+
+
+def ratio(numerator, denominator):
+    return numerator / denominator if numerator is not None and denominator else None
+
+
+def trial_status(record, figures):
+    if record.get("timed_out"):
+        return "timeout"
+    if record.get("returncode") == 0 and figures["steps"]:
+        return "ok"
+    if figures["train_runtime_s"] is not None:
+        return "trained"  # training ended; a later cell failed
+    return "failed"
+
+
+def summarize_part(part_facts, trials):
+    """A part's trials with their figures, the per-round A/B pairs, and their medians."""
+    rows = []
+    for record, figures in trials:
+        rows.append({**{k: record[k] for k in ("round", "variant", "flags", "command", "returncode", "timed_out",
+                                                "wall_s")},
+                     "status": trial_status(record, figures), **figures, **record["log"]})
+    pairs = []
+    by_key = {(r["round"], r["variant"]): r for r in rows}
+    for round_ in sorted({r["round"] for r in rows}):
+        a, b = by_key.get((round_, "A")), by_key.get((round_, "B"))
+        if not a or not b or not a["steps"] or not b["steps"]:
+            continue
+        loss_diff, loss_step = max_relative_difference(a["loss_steps"], a["losses"], b["loss_steps"], b["losses"])
+        pairs.append({
+            "round": round_,
+            "tokens_per_s_ratio": ratio(b["median_tokens_per_s"], a["median_tokens_per_s"]),
+            "tokens_per_s_overall_ratio": ratio(b["tokens_per_s_overall"], a["tokens_per_s_overall"]),
+            "train_runtime_speedup": ratio(a["train_runtime_s"], b["train_runtime_s"]),
+            "wall_speedup": ratio(a["wall_s"], b["wall_s"]),
+            "peak_mem_ratio": ratio(b["peak_mem_gib"], a["peak_mem_gib"]),
+            "max_rel_loss_diff": loss_diff,
+            "max_rel_loss_diff_step": loss_step,
+            "steps_compared": len(set(a["loss_steps"]) & set(b["loss_steps"])),
+        })
+    same = {}
+    for variant in VARIANTS:  # run-to-run noise of one variant, the yardstick for the A/B loss difference
+        runs = [r for r in rows if r["variant"] == variant and r["steps"]]
+        if len(runs) >= 2:
+            same[variant] = max_relative_difference(runs[0]["loss_steps"], runs[0]["losses"], runs[1]["loss_steps"],
+                                                    runs[1]["losses"])[0]
+
+    def median_of(key):
+        values = [p[key] for p in pairs if p[key] is not None]
+        return statistics.median(values) if values else None
+
+    loss_diffs = [p["max_rel_loss_diff"] for p in pairs if p["max_rel_loss_diff"] is not None]
+    return {
+        **part_facts,
+        "trials": rows,
+        "pairs": pairs,
+        "median_tokens_per_s_ratio": median_of("tokens_per_s_ratio"),
+        "median_tokens_per_s_overall_ratio": median_of("tokens_per_s_overall_ratio"),
+        "median_train_runtime_speedup": median_of("train_runtime_speedup"),
+        "median_wall_speedup": median_of("wall_speedup"),
+        "max_rel_loss_diff": max(loss_diffs) if loss_diffs else None,
+        "max_rel_loss_diff_same_variant": same,
+        "plan_lines": {v: list(dict.fromkeys(line for r in rows if r["variant"] == v for line in r["plan_lines"]))
+                       for v in VARIANTS},
+        "checkpointing_lines": {v: list(dict.fromkeys(line for r in rows if r["variant"] == v
+                                                      for line in r["checkpointing_lines"])) for v in VARIANTS},
+        "batch_layout_lines": {v: list(dict.fromkeys(line for r in rows if r["variant"] == v
+                                                     for line in r.get("batch_layout_lines", []))) for v in VARIANTS},
+    }
+
+
+def summarize(out, dest=None):
+    """`<out>/layout_1gpu.json` (or `dest`) from `<out>/environment.json` and `<out>/trials/<part>/...`; returns it."""
+    out = Path(out)
+    environment = json.loads((out / "environment.json").read_text()) if (out / "environment.json").exists() else {}
+    parts = {}
+    for part_dir in sorted(p for p in (out / "trials").glob("*") if p.is_dir()):
+        facts = json.loads((part_dir / "part.json").read_text()) if (part_dir / "part.json").exists() else {}
+        trials = []
+        for trial_dir in sorted(p for p in part_dir.iterdir() if (p / "trial.json").exists()):
+            record = json.loads((trial_dir / "trial.json").read_text())
+            state = (json.loads((trial_dir / "trainer_state.json").read_text())
+                     if (trial_dir / "trainer_state.json").exists() else None)
+            trials.append((record, trial_figures(*read_metrics(trial_dir / "metrics.jsonl"), state=state)))
+        trials.sort(key=lambda t: (t[0]["round"], VARIANTS.index(t[0]["variant"])))
+        parts[part_dir.name] = summarize_part(facts, trials)
+    order = environment.get("parts_requested") or []
+    parts = dict(sorted(parts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
+    summary = {**environment, "parts": parts}
+    Path(dest or out / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The call
+
+
+def environment_facts(parts, deadline_s, rounds):
+    def version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30).stdout
+        gpus = [dict(zip(("index", "name", "memory_total", "driver"), (f.strip() for f in line.split(","))))
+                for line in smi.strip().splitlines()]
+    except (OSError, subprocess.TimeoutExpired):
+        gpus = []
+    return {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": os.environ.get("BENCH_COMMIT"),
+        "host": socket.gethostname(),
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "hardware": {"gpus": gpus},
+        "versions": {name: version(name) for name in PACKAGES},
+        "parts_requested": parts,
+        "rounds": rounds,
+        "deadline_s": deadline_s,
+        "tiny": tiny_mode(),
+        "variants": {"A": "as written" + (f" ({os.environ['LAYOUT_A_FLAGS']})" if os.environ.get("LAYOUT_A_FLAGS")
+                                          else ""),
+                     "B": " ".join(variant_flags()["B"])},
+        "launch": os.environ.get("LAYOUT_LAUNCH", "torchrun"),
+        "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"),
+        "notebooks_source": ((NOTEBOOKS / "SOURCE.txt").read_text().splitlines()
+                             if (NOTEBOOKS / "SOURCE.txt").exists() else None),
+        "method": "per trial a fresh process; A = the exported script as written, B = the same plus the B flags; "
+                  "rounds A B A B; tokens/s = median over steps after the warm-up steps of metrics.jsonl's "
+                  "tokens_per_s (non-padding tokens of the step / its wall time); ratio = B/A within a round; loss "
+                  "difference = max over steps of |loss_B - loss_A| / |loss_A|",
+    }
+
+
+def pair_need(walls, first_guess, variant):
+    """Seconds to keep for the next trial: its variant's latest wall time (another variant's, or the part's guess,
+    before it has one) plus 5%; an A also keeps its B's, so that no round is left with half a pair."""
+    def estimate(v):
+        return 1.05 * walls.get(v, walls.get("A", walls.get("B", first_guess)))
+
+    return estimate(variant) + (estimate("B") if variant == "A" else 0)
+
+
+def run(out, part_names, deadline_s, work, rounds):
+    t0 = time.monotonic()
+    deadline = t0 + deadline_s - 3  # the summary after the last trial
+    out, work = Path(out), Path(work)
+    (out / "trials").mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    (out / "environment.json").write_text(json.dumps(environment_facts(part_names, deadline_s, rounds), indent=2)
+                                          + "\n")
+    log(f"parts {part_names}, {rounds} rounds, deadline {deadline_s:.0f}s; A {variant_flags()['A'] or 'as written'}, "
+        f"B {variant_flags()['B']}")
+    for name in part_names:
+        part = PARTS[name]
+        first = TINY_FIRST_TRIAL_S if tiny_mode() else part.first_trial_s
+        hung = TINY_MAX_TRIAL_S if tiny_mode() else part.max_trial_s
+        prepare = 10 if model_ready(part.shape, work) else part.prepare_s
+        part_out = out / "trials" / name
+        part_out.mkdir(parents=True, exist_ok=True)
+        left = deadline - time.monotonic()
+        if left < prepare + 2 * first:
+            log(f"skip {name}: ~{prepare + 2 * first}s for preparation and a pair, {left:.0f}s left")
+            (part_out / "part.json").write_text(json.dumps({"part": name, "status": "skipped",
+                                                            "reason": f"{left:.0f}s left"}, indent=2) + "\n")
+            continue
+        log(f"prepare {name}")
+        try:
+            facts = prepare_part(name, part, work)
+        except Exception as error:  # a broken part must not cost the others their turn
+            facts = {"part": name, "status": "blocked", "blocker": f"{type(error).__name__}: {error}"}
+        (part_out / "part.json").write_text(json.dumps(facts, indent=2) + "\n")
+        log(f"{name}: {facts['status']} (prepared in {facts.get('prepare_s', 0):.0f}s, call at "
+            f"{time.monotonic() - t0:.0f}s)"
+            + (f" ({facts.get('blocker')})" if facts["status"] != "ready" else
+               f"; stand-ins {facts['standin_names']}, data {facts['data']['target_tokens']}, "
+               f"materialize {facts['materialize_s']:.0f}s"))
+        summarize(out)
+        if facts["status"] != "ready":
+            continue
+        walls = {}  # variant -> wall time of its latest trial
+        for round_ in range(1, rounds + 1):
+            for variant in VARIANTS:
+                left = deadline - time.monotonic()
+                need = pair_need(walls, first, variant)
+                if left < need:
+                    log(f"skip {name} round {round_} {variant} and after: ~{need:.0f}s needed, {left:.0f}s left")
+                    break
+                log(f"{name} round {round_} {variant} {variant_flags()[variant]}")
+                record = run_trial(facts, variant, round_, min(hung, left), work, out)
+                walls[variant] = record["wall_s"]
+                summary = summarize(out)
+                row = summary["parts"][name]["trials"][-1]
+                log(f"  {variant}: {row['status']} rc={record['returncode']} wall {record['wall_s']:.0f}s, "
+                    f"{row['steps']} steps, median {row['median_tokens_per_s'] or 0:.0f} tok/s, train_runtime "
+                    f"{row['train_runtime_s']}, peak {row['peak_mem_gib']} GiB; "
+                    f"{(row['plan_lines'] or ['no plan line'])[-1]}")
+                if not row["steps"]:  # trained no step: the next trial would fail alike, and cost as much
+                    log(f"  stop {name}: {(row['errors'] or ['no error line'])[-1]}")
+                    break
+            else:
+                continue
+            break
+        part_summary = summarize(out)["parts"][name]
+        log(f"{name}: tokens/s B/A per round {[p['tokens_per_s_ratio'] for p in part_summary['pairs']]}, median "
+            f"{part_summary['median_tokens_per_s_ratio']}; max rel loss diff {part_summary['max_rel_loss_diff']}")
+    summarize(out)
+    log(f"done after {time.monotonic() - t0:.0f}s")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run_parser = commands.add_parser("run")
+    run_parser.add_argument("--out", required=True, type=Path)
+    run_parser.add_argument("--parts", default="alpaca_8b,alpaca_1b,conversational_3b")
+    run_parser.add_argument("--deadline-s", type=float, default=540)
+    run_parser.add_argument("--work", type=Path, default=Path("/tmp/layout"))
+    run_parser.add_argument("--rounds", type=int, default=2)
+    summarize_parser = commands.add_parser("summarize")
+    summarize_parser.add_argument("--out", required=True, type=Path, help="a call's $OUT (read only)")
+    summarize_parser.add_argument("--json", type=Path, help=f"where to write the summary (default <out>/{SUMMARY})")
+    args = parser.parse_args()
+    if args.command == "summarize":
+        summary = summarize(args.out, args.json)
+        for name, part in summary["parts"].items():
+            print(name, "tokens/s B/A", part.get("median_tokens_per_s_ratio"), "max rel loss diff",
+                  part.get("max_rel_loss_diff"))
+        return
+    names = [n for n in args.parts.split(",") if n]
+    unknown = [n for n in names if n not in PARTS]
+    if unknown:
+        parser.error(f"unknown parts {unknown}; known: {sorted(PARTS)}")
+    run(args.out, names, args.deadline_s, args.work, args.rounds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""`--batch-layout auto` in `pipeline.py smoke` and `run`: prove the fuller layout on the smoke device first.
+
+The smoke run trains its steps in the notebook's layout (one process: micro batch B x accumulation A). A second
+smoke run trains the same steps in the layout torchrun's N processes will use: `--batch_layout auto` with
+NBDDP_PLAN_PROCESSES=N, so the runtime lays the batch out for N processes (micro batch b, its one device taking
+all N shares of each step in turn), same seed, same data order. The two are equal in exact arithmetic (Trainer
+normalises each step's loss by the tokens of the whole step, whatever its micro batches); what differs is
+rounding in matrix products of other shapes. `run` launches torchrun with `--batch_layout b` (the proven micro
+batch) when every step's training loss agrees within the tolerance, else with `--batch_layout notebook`, saying why.
+
+Tolerance, relative per step. On the CPU (float32), the tiny model's first 3 steps, notebook 4 x 4 against the
+2-process layout 8 x 1 run on one process as 8 x 2: at most 3.8e-6 apart; a planted other seed (data order)
+moved them 8.8e-3, half the global batch 2.1e-2. BATCH_LAYOUT = "batch_layout"  # the script's parameter (nbddp's own, export/parameters.py)
+CPU_TOLERANCE = 1e-4 lies between. On a GPU, bfloat16 and
+float16 keep 8 and 11 bits of mantissa, and kernels of other shapes round otherwise: on an H200 with Unsloth
+(bench/results/layout_1gpu), notebook 2 x 4 against 8 x 1 differed by at most 6.5e-6 (8B QLoRA), 2.5e-5 (1.1B)
+and 3.9e-5 (3B conversational) over the first 3 steps, 3.2e-4 over all 60. GPU_TOLERANCE = 1e-3 is 25 times
+the largest of the first three.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nbddp.orchestration.metrics import read_metrics
+
+BATCH_LAYOUT = "batch_layout"  # the script's parameter (nbddp's own, export/parameters.py)
+CPU_TOLERANCE = 1e-4
+GPU_TOLERANCE = 1e-3
+PLAN_PROCESSES = "NBDDP_PLAN_PROCESSES"
+
+
+@dataclass(frozen=True)
+class LayoutCheck:
+    """The notebook's layout and the fuller one, side by side on one device."""
+
+    notebook: dict | None  # the batch_plan records of the two smoke runs (None: none written)
+    fuller: dict | None
+    steps: int  # steps both runs logged
+    max_rel_diff: float | None
+    tolerance: float
+    reason: str = ""  # why the fuller layout is not used, when it is not
+
+    @property
+    def differs(self) -> bool:
+        """The fuller run chose another micro batch than the notebook's split."""
+        return bool(self.notebook and self.fuller) and self.fuller["micro_batch"] != self.notebook["micro_batch"]
+
+    @property
+    def proven(self) -> bool:
+        return self.differs and not self.reason
+
+    def launch_layout(self) -> str:
+        """The `--batch_layout` torchrun gets: the proven micro batch, else the notebook's layout."""
+        return str(self.fuller["micro_batch"]) if self.proven else "notebook"
+
+    def describe(self) -> str:
+        if not self.differs:
+            return self.reason or "auto kept the notebook's layout (nothing fuller fits, or it is already the fullest)"
+        fuller, notebook = self.fuller, self.notebook
+        text = (f"micro batch {fuller['micro_batch']} x {fuller['accumulation']} per process against the notebook's "
+                f"{notebook['micro_batch']} x {notebook['accumulation']} on {fuller['processes']} processes, "
+                f"{self.steps} steps on one device")
+        if self.max_rel_diff is not None:
+            text += f": max relative loss difference {self.max_rel_diff:.1e} (tolerance {self.tolerance:g})"
+        return f"{text}; {self.reason}" if self.reason else f"{text}: torchrun uses micro batch {fuller['micro_batch']}"
+
+
+def compare(notebook_metrics: Path | None, fuller_metrics: Path | None, tolerance: float) -> LayoutCheck:
+    """Compare the two smoke runs' metrics.jsonl files (see the module)."""
+    if notebook_metrics is None or fuller_metrics is None:
+        return LayoutCheck(None, None, 0, None, tolerance, "a smoke run wrote no metrics.jsonl: the notebook's "
+                                                           "layout is used")
+    notebook, fuller = read_metrics(notebook_metrics), read_metrics(fuller_metrics)
+    check = LayoutCheck(notebook.batch_plan, fuller.batch_plan, 0, None, tolerance)
+    if not check.differs:
+        return check
+    one, other = dict(notebook.losses), dict(fuller.losses)
+    steps = sorted(one.keys() & other.keys())
+    if not steps or one.keys() != other.keys():
+        return LayoutCheck(check.notebook, check.fuller, len(steps), None, tolerance,
+                           "the two runs logged different steps: the notebook's layout is used")
+    worst = max(abs(other[step] - one[step]) / max(abs(one[step]), 1e-12) for step in steps)
+    reason = "" if worst <= tolerance else ("the losses differ by more than the tolerance, so the layouts do not "
+                                            "train alike here: torchrun uses the notebook's layout")
+    return LayoutCheck(check.notebook, check.fuller, len(steps), worst, tolerance, reason)
+
+
+def prove(notebook, script, defaults, user, visible, timeout, run_dir, extra_env, processes):
+    """The two smoke runs (see the module) into `run_dir`/smoke and `run_dir`/smoke-auto, on the device `visible`,
+    for `processes` torchrun processes; prints and returns the LayoutCheck."""
+    from nbddp.orchestration import smoke  # here: smoke imports this module
+
+    notebook_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "notebook"}, visible, timeout,
+                                   run_dir / "smoke", extra_env)
+    print(f"smoke: --batch-layout auto: the same steps in the layout of {processes} processes", flush=True)
+    fuller_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
+                                 run_dir / "smoke-auto", (extra_env or {}) | {PLAN_PROCESSES: str(processes)})
+    check = compare(notebook_run.metrics, fuller_run.metrics, GPU_TOLERANCE if visible else CPU_TOLERANCE)
+    print(f"smoke: layout check: {check.describe()}", flush=True)
+    return check

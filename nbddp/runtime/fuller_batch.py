@@ -1,0 +1,240 @@
+"""`--batch_layout auto`: the notebook's global batch in the fullest micro batch that fits, with the cheapest
+gradient checkpointing that fits.
+
+Notebooks write small micro batches with accumulation (Unsloth's: 2 x 4) and offloaded gradient checkpointing,
+sized for a free Colab GPU; on a large GPU that layout starves it. The same rows per optimizer step in fewer,
+fuller micro batches train the same model (equal in exact arithmetic: Trainer normalises the loss by the tokens
+of the whole step) in less time. At `trainer.train()`, before the dataloader and the accumulation are read:
+
+1. Candidates: every micro batch b that divides the rows a process takes per step (the plan's micro batch x
+   accumulation) and is at least the plan's (only b under `--batch_layout <b>`), each with checkpointing off or
+   as the model trains now.
+2. Each is estimated (memory_estimate) at the longest rows of the training set; the choice is the fullest micro
+   batch up to SATURATED_TOKENS tokens, then the cheapest checkpointing, among those within the budget.
+3. Probe: one forward and backward of the b longest rows on the bare model, on every rank, with the random
+   state restored and the gradients dropped after it. An out-of-memory on any rank and every rank keeps the
+   plan's layout, saying so: it never kills the run. The probe's peak is printed beside the estimate.
+
+Only for configs built by `ddp.training_args` under `--batch_layout auto` or `<b>`; GRPO's (its generation batch is laid
+out from the micro batch) and datasets without `input_ids` rows keep the plan's layout, saying why.
+"""
+import dataclasses
+import functools
+import os
+import resource
+
+import torch
+import torch.distributed as dist
+
+from nbddp.runtime import batch_plan
+from nbddp.runtime.batch_plan import BatchPlan
+from nbddp.runtime.checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
+from nbddp.runtime.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
+
+# Tokens per micro batch from which a fuller one buys little more GPU efficiency, and cheaper recompute is worth
+# more: the 1.1B shape at 8 x 2048 ran 1.39x the tokens/s of 4 x 2048 (bench/results/batch_1b.json).
+SATURATED_TOKENS = 16384
+MODE_COST = {"off": 0, "true": 1, "unsloth": 2}  # recompute work, cheapest first
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    micro_batch: int
+    mode: str  # gradient checkpointing: "off" | "true" | "unsloth"
+    estimate_gib: float
+
+
+def patch_trainer(trainer_class) -> None:
+    """Lay out the batch at `train()` for configs planned with `auto`; patching twice is once."""
+    original = trainer_class.train
+    if getattr(original, "nbddp_lays_out_batch", False):
+        return
+
+    @functools.wraps(original)
+    def train(self, *args, **kwargs):
+        plan = batch_plan.of(self.args)
+        if plan is not None and plan.fuller and not getattr(self, "nbddp_laid_out", False):
+            self.nbddp_laid_out = True  # a second train() on the same trainer keeps the first one's layout
+            lay_out(self, plan)
+        return original(self, *args, **kwargs)
+
+    train.nbddp_lays_out_batch = True
+    trainer_class.train = train
+
+
+def lay_out(trainer, plan: BatchPlan) -> None:
+    """Choose, probe and apply the fullest layout for `trainer` (see the module); print on rank 0."""
+    rows = _longest_rows(trainer)
+    reason = _why_not(trainer, rows)
+    if reason:
+        _say(f"--batch_layout {plan.layout}: {reason}; {plan.describe()}")
+        return
+    model, device = trainer.model, trainer.args.device
+    seq_len = len(rows[0]["input_ids"])
+    current = _current_mode(trainer)
+    budget = HEADROOM * _capacity_gib(device)
+    candidates = _candidates(model, plan, seq_len, current, _lora_r(model), transformers_peft=not real_unsloth_imported())
+    chosen = choose(candidates, plan, current, budget, seq_len)
+    if chosen is None or (chosen.micro_batch, chosen.mode) == (plan.micro_batch, current):
+        _say(f"--batch_layout {plan.layout}: nothing fuller fits the {budget:.1f} GiB budget at the longest rows "
+             f"({seq_len} tokens), or the notebook's layout is already the fullest; {plan.describe()}")
+        return
+    switched = _set_mode(trainer, chosen.mode, current)
+    peak_gib = _probe(trainer, rows[: chosen.micro_batch], device)
+    if peak_gib is None:  # out of memory on some rank
+        _set_mode(trainer, current, chosen.mode, switched)
+        _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with checkpointing {chosen.mode} ran out of memory "
+             f"on the probe step; the notebook's layout instead: {plan.describe()}")
+        return
+    new_plan = dataclasses.replace(plan, micro_batch=chosen.micro_batch,
+                                   accumulation=plan.micro_batch * plan.accumulation // chosen.micro_batch)
+    trainer.args.per_device_train_batch_size = chosen.micro_batch
+    trainer.args.gradient_accumulation_steps = new_plan.accumulation_here
+    trainer._train_batch_size = trainer.args.train_batch_size  # what get_train_dataloader batches by
+    trainer.accelerator.gradient_accumulation_steps = new_plan.accumulation_here
+    trainer.args.nbddp_batch_plan = new_plan
+    _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with gradient checkpointing {chosen.mode} "
+         f"(was {plan.micro_batch}, {current}): estimated {format_gib(chosen.estimate_gib)} GiB, probe peak "
+         f"{format_gib(peak_gib)} GiB at the longest rows ({seq_len} tokens), budget {budget:.1f} GiB; "
+         f"{new_plan.describe()}")
+
+
+def choose(candidates: list[Candidate], plan: BatchPlan, current: str, budget_gib: float,
+           seq_len: int) -> Candidate | None:
+    """The fullest micro batch up to SATURATED_TOKENS, then the cheapest mode, then the fuller, within the budget;
+    None when nothing fits (the plan's own layout is kept then)."""
+    fitting = [c for c in candidates if c.estimate_gib <= budget_gib]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda c: (min(c.micro_batch * seq_len, SATURATED_TOKENS), -MODE_COST[c.mode],
+                                       c.micro_batch))
+
+
+def _candidates(model, plan, seq_len, current, lora_r, transformers_peft) -> list[Candidate]:
+    shape = shape_from_model(model, lora_r)
+    if shape is None:
+        return []
+    per_process = plan.micro_batch * plan.accumulation
+    modes = sorted({"off", current}, key=MODE_COST.get)
+    sizes = [int(plan.layout)] if plan.layout.isdigit() else [
+        b for b in range(plan.micro_batch, per_process + 1) if per_process % b == 0]
+    return [Candidate(b, mode, estimate_peak(shape, seq_len, b, mode, transformers_peft)["total_gib"])
+            for b in sizes for mode in modes]
+
+
+def _why_not(trainer, rows) -> str | None:
+    if hasattr(trainer.args, "num_generations"):
+        return "GRPO's generation batch is laid out from the micro batch, so its layout stays"
+    if rows is None:
+        return "the training set has no tokenized `input_ids` rows to estimate and probe with, so the layout stays"
+    return None
+
+
+def _longest_rows(trainer):
+    """The training set's rows, longest first (as many as one process takes per step), without text columns;
+    None for a dataset without `input_ids` (streamed, or tokenized in the collator)."""
+    dataset = trainer.train_dataset
+    if dataset is None or "input_ids" not in (getattr(dataset, "column_names", None) or []):
+        return None
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    plan = trainer.args.nbddp_batch_plan
+    take = min(len(lengths), plan.micro_batch * plan.accumulation)
+    longest = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)[:take]
+    max_length = getattr(trainer.args, "max_length", None)
+    rows = []
+    for index in longest:
+        row = {key: value for key, value in dataset[index].items() if not isinstance(value, str) and value is not None}
+        if max_length:
+            row = {key: value[:max_length] if isinstance(value, list) else value for key, value in row.items()}
+        rows.append(row)
+    return rows or None
+
+
+def _probe(trainer, rows, device) -> float | None:
+    """Forward and backward of `rows` on the bare model, leaving no trace (random state, gradients); the peak
+    memory in GiB after it (this process's, since it started), or None when any rank ran out of memory."""
+    model = trainer.model
+    was_training = model.training
+    ok = True
+    with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        model.train()
+        try:
+            batch = {key: value.to(device) for key, value in trainer.data_collator(rows).items()
+                     if isinstance(value, torch.Tensor)}
+            model(**batch).loss.backward()
+        except torch.OutOfMemoryError:
+            ok = False
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    if not _all_ranks(ok, device):
+        return None
+    return _peak_gib(device)
+
+
+def _current_mode(trainer) -> str:
+    """The gradient checkpointing the model trains with now: "off", "true", or Unsloth's "unsloth"."""
+    choice = getattr(trainer.model, "nbddp_checkpointing", None)  # the example notebooks' choose_gradient_checkpointing
+    if choice is not None:
+        return choice.mode
+    on = trainer.args.gradient_checkpointing or bool(_checkpointed_modules(trainer.model))
+    if not on:
+        return "off"
+    return "unsloth" if real_unsloth_imported() else "true"
+
+
+def _checkpointed_modules(model) -> list:
+    return [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True]
+
+
+def _set_mode(trainer, mode, current, modules=None) -> list:
+    """Switch recompute off (or back on, given the `modules` an earlier call switched off); returns those modules.
+    Flags only, so that switching back restores whatever checkpoint function Unsloth or Transformers installed."""
+    if mode == current:
+        return []
+    if mode == "off":
+        modules = _checkpointed_modules(trainer.model)
+        for module in modules:
+            module.gradient_checkpointing = False
+        trainer.args.nbddp_gradient_checkpointing = trainer.args.gradient_checkpointing
+        trainer.args.gradient_checkpointing = False  # else Trainer.train() switches it on again
+        return modules
+    for module in modules or []:
+        module.gradient_checkpointing = True
+    trainer.args.gradient_checkpointing = getattr(trainer.args, "nbddp_gradient_checkpointing", True)
+    return []
+
+
+def _lora_r(model) -> int:
+    configs = getattr(model, "peft_config", None) or {}
+    return next((config.r for config in configs.values() if hasattr(config, "r")), 16)
+
+
+def _capacity_gib(device) -> float:
+    """Memory this process can have: on a GPU what is free plus what its allocator holds (the smallest over
+    ranks); on a CPU the host's available memory shared by this machine's processes."""
+    if device.type == "cuda":
+        return smallest_over_ranks(capacity_gib(device), device)
+    available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return smallest_over_ranks(available / int(os.environ.get("LOCAL_WORLD_SIZE", "1")) / GIB, device)
+
+
+def _peak_gib(device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / GIB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20  # Linux: KiB
+
+
+def _all_ranks(ok: bool, device) -> bool:
+    if not dist.is_initialized():
+        return ok
+    tensor = torch.tensor([1 if ok else 0], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return bool(tensor.item())
+
+
+def _say(text: str) -> None:
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(f"nbddp: {text}", flush=True)

@@ -1,0 +1,77 @@
+"""`--batch-layout auto`'s smoke check: two smoke runs, compared step by step, decide torchrun's layout."""
+import json
+
+import pytest
+
+from nbddp.orchestration import layout_check, smoke
+from nbddp.orchestration.launch import LaunchOptions
+from nbddp.orchestration.run import run
+
+from .conftest import needs_generated_script
+
+
+def metrics_file(path, plan, losses):
+    lines = [{"event": "batch_plan", **plan, "text": "..."}] + [{"step": s, "loss": v} for s, v in losses]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+NOTEBOOK = {"micro_batch": 2, "accumulation": 4, "processes": 1}
+FULLER = {"micro_batch": 8, "accumulation": 1, "processes": 2}
+
+
+def test_equal_losses_prove_the_fuller_layout(tmp_path):
+    check = layout_check.compare(metrics_file(tmp_path / "a", NOTEBOOK, [(1, 6.0), (2, 5.0)]),
+                                 metrics_file(tmp_path / "b", FULLER, [(1, 6.0000001), (2, 5.0000002)]), 1e-4)
+    assert check.proven and check.launch_layout() == "8"
+    assert check.max_rel_diff == pytest.approx(4e-8, rel=0.01)
+    assert check.describe().endswith("(tolerance 0.0001): torchrun uses micro batch 8")
+
+
+def test_losses_apart_keep_the_notebooks_layout(tmp_path):
+    check = layout_check.compare(metrics_file(tmp_path / "a", NOTEBOOK, [(1, 6.0), (2, 5.0)]),
+                                 metrics_file(tmp_path / "b", FULLER, [(1, 6.0), (2, 5.01)]), 1e-4)
+    assert not check.proven and check.launch_layout() == "notebook"
+    assert "differ by more than the tolerance" in check.describe()
+
+
+def test_the_same_layout_or_missing_metrics_launch_the_notebooks(tmp_path):
+    same = layout_check.compare(metrics_file(tmp_path / "a", NOTEBOOK, [(1, 6.0)]),
+                                metrics_file(tmp_path / "b", NOTEBOOK, [(1, 6.0)]), 1e-4)
+    assert not same.differs and same.launch_layout() == "notebook" and "kept the notebook's layout" in same.describe()
+    missing = layout_check.compare(None, metrics_file(tmp_path / "b", FULLER, [(1, 6.0)]), 1e-4)
+    assert missing.launch_layout() == "notebook" and "wrote no metrics.jsonl" in missing.describe()
+    steps = layout_check.compare(metrics_file(tmp_path / "a", NOTEBOOK, [(1, 6.0), (2, 5.0)]),
+                                 metrics_file(tmp_path / "b", FULLER, [(1, 6.0)]), 1e-4)
+    assert steps.launch_layout() == "notebook" and "different steps" in steps.describe()
+
+
+@pytest.mark.e2e
+@needs_generated_script
+def test_run_launches_the_proven_layout(repo_root, tmp_path):
+    flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "4")]
+    summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path,
+                  batch_layout="auto")
+    assert "layout check:  micro batch 8 x 1 per process against the notebook's 4 x 4 on 2 processes" in summary
+    assert "torchrun uses micro batch 8" in summary
+    assert "batch:         global batch 16 rows = 8 per device x 1 accumulation x 2 processes" in summary
+
+
+@pytest.mark.e2e
+@needs_generated_script
+def test_a_planted_difference_is_refused(repo_root, tmp_path, monkeypatch):
+    """The fuller smoke run gets another seed (another data order): not the same training, so torchrun must get
+    the notebook's layout."""
+    run_smoke = smoke.run_smoke
+
+    def plant(notebook, script, defaults, user, visible, timeout, run_dir, extra_env=None):
+        if run_dir.name == "smoke-auto":
+            extra_env = {**(extra_env or {}), "NBDDP_SET": "seed=7"}
+        return run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra_env)
+
+    monkeypatch.setattr(smoke, "run_smoke", plant)
+    flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "4")]
+    summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path,
+                  batch_layout="auto")
+    assert "the losses differ by more than the tolerance" in summary
+    assert "batch:         global batch 16 rows = 4 per device x 2 accumulation x 2 processes" in summary

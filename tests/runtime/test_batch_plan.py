@@ -1,0 +1,92 @@
+import pytest
+
+from nbddp.errors import UsageError
+from types import SimpleNamespace
+
+from nbddp.runtime import batch_plan
+from nbddp.runtime.batch_plan import generation_batch_problem, parse_layout, plan
+
+
+def layout(p):
+    return p.micro_batch, p.accumulation, p.processes, p.global_batch
+
+
+def test_the_notebooks_global_batch_is_kept_by_dividing_the_accumulation():
+    p = plan(2, 4, 2, "notebook")
+    assert layout(p) == (2, 2, 2, 8)
+    assert p.warning is None
+    assert p.describe() == ("global batch 8 rows = 2 per device x 2 accumulation x 2 processes "
+                            "(the notebook: 2 x 4 x 1; --batch_layout notebook)")
+
+
+def test_one_process_runs_the_notebook_as_written():
+    p = plan(2, 4, 1, "notebook")
+    assert layout(p) == (2, 4, 1, 8)
+    assert p.describe() == "global batch 8 rows = 2 per device x 4 accumulation x 1 process (as the notebook)"
+
+
+def test_an_accumulation_the_processes_do_not_divide_takes_the_fullest_exact_split():
+    assert layout(plan(4, 3, 2, "notebook")) == (3, 2, 2, 12)  # 12 rows: 3 x 2 x 2, not 2 x 3 x 2
+    assert layout(plan(8, 1, 2, "notebook")) == (4, 1, 2, 8)
+    assert layout(plan(2, 1, 2, "notebook")) == (1, 1, 2, 2)
+
+
+def test_a_global_batch_that_does_not_split_takes_the_nearest_and_warns():
+    p = plan(3, 1, 2, "notebook")
+    assert p.global_batch != 3
+    assert abs(p.global_batch - 3) == 1
+    assert "does not split over 2 processes" in p.warning
+    assert "--batch_layout per-device" in p.warning
+
+
+def test_per_device_is_classic_ddp():
+    p = plan(2, 4, 2, "per-device")
+    assert layout(p) == (2, 4, 2, 16)
+    assert p.warning is None  # asked for: not a surprise
+
+
+def test_an_explicit_micro_batch_is_checked_now_and_applied_at_train():
+    given = plan(2, 4, 2, 4)
+    assert layout(given) == (2, 2, 2, 8) and given.layout == "4" and given.fuller  # fuller_batch takes 4 later
+    assert not plan(2, 4, 2, "notebook").fuller and plan(2, 4, 2, "auto").fuller
+    with pytest.raises(UsageError, match="not a whole number of micro batches of 3"):
+        plan(2, 4, 2, 3)
+
+
+def test_layout_values_are_checked():
+    assert parse_layout(" Auto ") == "auto"
+    assert parse_layout("16") == 16
+    for bad in ("fast", "0", True, -1, None):
+        with pytest.raises(UsageError, match="--batch_layout must be one of notebook, per-device, auto"):
+            parse_layout(bad)
+    with pytest.raises(UsageError, match="gradient_accumulation_steps=0"):
+        plan(2, 0, 1, "notebook")
+
+
+def test_grpo_generation_batch_is_checked_against_num_generations():
+    kept = plan(2, 4, 2, "notebook")  # 8 completions per generation, as on one process
+    assert generation_batch_problem(kept, 8, None, None) is None
+    classic = plan(3, 1, 2, "per-device")  # 6 completions
+    problem = generation_batch_problem(classic, 4, None, None)
+    assert "generation batch would be 6 completions" in problem and "num_generations=4" in problem
+    assert generation_batch_problem(classic, 4, 8, None) is None  # set explicitly: the config's own
+    assert generation_batch_problem(classic, None, None, None) is None  # not GRPO
+
+
+def test_one_process_can_run_the_layout_of_two():
+    emulated = plan(2, 4, 2, "notebook", running=1)  # NBDDP_PLAN_PROCESSES=2 on one process
+    assert layout(emulated) == (2, 2, 2, 8) and emulated.accumulation_here == 4
+    assert emulated.describe().endswith(", run here by 1 as 2 x 4 (NBDDP_PLAN_PROCESSES=2)")
+    assert plan(2, 4, 2, "notebook").accumulation_here == 2
+    with pytest.raises(UsageError, match="cannot take equal shares"):
+        plan(2, 4, 3, "notebook", running=2)
+
+
+def test_arguments_a_trainer_rebuilt_find_their_plan_again():
+    made = plan(2, 4, 2, "auto")
+    batch_plan.remember(made)
+    kept = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=2, nbddp_batch_plan=made)
+    rebuilt = SimpleNamespace(per_device_train_batch_size=2, gradient_accumulation_steps=2)  # from to_dict()
+    other = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=3)
+    assert batch_plan.of(kept) is made and batch_plan.of(rebuilt) is made and rebuilt.nbddp_batch_plan is made
+    assert batch_plan.of(other) is None

@@ -1,0 +1,99 @@
+"""`--batch_layout auto`: the choice, the layout a trainer then trains with, the probe's fallback."""
+import json
+
+import pytest
+import torch
+
+from nbddp.runtime import fuller_batch, hf_backend
+from nbddp.runtime.batch_plan import plan
+from nbddp.runtime.context import DistributedContext
+from nbddp.runtime.fuller_batch import SATURATED_TOKENS, Candidate, choose
+
+
+def test_the_fullest_micro_batch_that_fits_then_the_cheapest_checkpointing():
+    notebook = plan(2, 4, 1, "auto")
+    candidates = [Candidate(b, mode, gib) for b, mode, gib in [
+        (2, "off", 10), (2, "unsloth", 6), (4, "off", 18), (4, "unsloth", 7), (8, "off", 34), (8, "unsloth", 9)]]
+    assert choose(candidates, notebook, "unsloth", budget_gib=40, seq_len=512) == candidates[4]  # 8, off
+    assert choose(candidates, notebook, "unsloth", budget_gib=20, seq_len=512) == candidates[5]  # 8, recompute
+    assert choose(candidates, notebook, "unsloth", budget_gib=5, seq_len=512) is None
+
+
+def test_past_a_saturated_micro_batch_cheaper_recompute_wins():
+    notebook = plan(2, 8, 1, "auto")
+    seq_len = SATURATED_TOKENS // 4  # micro batch 4 is already saturated
+    candidates = [Candidate(4, "off", 30), Candidate(16, "unsloth", 30), Candidate(16, "off", 90)]
+    assert choose(candidates, notebook, "unsloth", budget_gib=40, seq_len=seq_len) == candidates[0]
+
+
+@pytest.fixture
+def patched_train(monkeypatch):
+    from transformers import Trainer
+
+    monkeypatch.setattr(Trainer, "train", Trainer.train)  # restored after the test
+    fuller_batch.patch_trainer(Trainer)
+    fuller_batch.patch_trainer(Trainer)  # twice is once
+    return Trainer
+
+
+def tiny_trainer(trainer_class, model_path, output_dir, layout):
+    """A Trainer on the tiny Llama with LoRA, 2 rows x 2 accumulation as the notebook writes it, built through
+    `ddp.training_args` as generated code builds it."""
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    model = hf_backend.FastLanguageModel.from_pretrained(model_path, max_seq_length=64, load_in_4bit=False)[0]
+    model = hf_backend.FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False,
+                                                        random_state=0)
+    ddp = DistributedContext(batch_layout=layout)
+    args = ddp.training_args(TrainingArguments)(
+        output_dir=str(output_dir), max_steps=3, use_cpu=True, report_to="none", logging_steps=1, seed=0,
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, learning_rate=1e-2)
+    rows = [{"input_ids": ids, "labels": ids} for ids in ([1, 3 + i % 7, 4, 5 + i % 5, 2] for i in range(24))]
+    return trainer_class(model=model, args=args, train_dataset=Dataset.from_list(rows))
+
+
+def losses(trainer):
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+def test_auto_trains_the_same_steps_in_one_fuller_micro_batch(patched_train, tiny_model_path, tmp_path, capsys):
+    notebook = tiny_trainer(patched_train, tiny_model_path, tmp_path / "notebook", "notebook")
+    notebook.train()
+    auto = tiny_trainer(patched_train, tiny_model_path, tmp_path / "auto", "auto")
+    auto.train()
+    assert (auto.args.per_device_train_batch_size, auto.args.gradient_accumulation_steps) == (4, 1)
+    assert (notebook.args.per_device_train_batch_size, notebook.args.gradient_accumulation_steps) == (2, 2)
+    assert len(losses(auto)) == 3 and len(set(losses(auto))) == 3
+    torch.testing.assert_close(losses(auto), losses(notebook), rtol=1e-5, atol=0)
+    out = capsys.readouterr().out
+    assert "nbddp: --batch_layout auto: micro batch 4 with gradient checkpointing off (was 2, off)" in out
+    assert "global batch 4 rows = 4 per device x 1 accumulation x 1 process (the notebook: 2 x 2 x 1" in out
+
+
+def test_an_out_of_memory_probe_keeps_the_notebooks_layout(patched_train, tiny_model_path, tmp_path, capsys,
+                                                         monkeypatch):
+    trainer = tiny_trainer(patched_train, tiny_model_path, tmp_path, "auto")
+    forward = type(trainer.model).forward
+    calls = []
+
+    def out_of_memory_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory (planted)")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(trainer.model), "forward", out_of_memory_once)
+    trainer.train()
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 2)
+    assert len(losses(trainer)) == 3  # trained all the same
+    out = capsys.readouterr().out
+    assert "micro batch 4 with checkpointing off ran out of memory on the probe step; the notebook's layout" in out
+
+
+def test_other_layouts_and_grpo_are_left_as_planned(patched_train, tiny_model_path, tmp_path, capsys):
+    trainer = tiny_trainer(patched_train, tiny_model_path, tmp_path, "auto")
+    trainer.args.num_generations = 4  # as GRPOConfig has it
+    trainer.train()
+    assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 2)
+    assert "GRPO's generation batch is laid out from the micro batch" in capsys.readouterr().out

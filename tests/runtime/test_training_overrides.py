@@ -1,0 +1,180 @@
+"""`--set NAME=VALUE`: overrides of the training arguments, typed as Transformers' HfArgumentParser types them."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+from transformers import TrainingArguments
+from transformers.trainer_utils import IntervalStrategy, SchedulerType
+from trl import DPOConfig, KTOConfig, SFTConfig
+
+from nbddp.errors import UsageError
+from nbddp.runtime import training_overrides
+from nbddp.runtime.training_overrides import ENV, Override, apply, check, from_environment
+
+
+def overrides(*lines):
+    return [training_overrides.parse_line(line) for line in lines]
+
+
+# from_environment
+
+
+def test_the_environment_holds_one_line_per_override():
+    environ = {ENV: "learning_rate=1e-4\n\nlr_scheduler_type=cosine\nrun_name=a=b\n"}
+    assert from_environment(environ) == [Override("learning_rate", "1e-4"), Override("lr_scheduler_type", "cosine"),
+                                         Override("run_name", "a=b")]  # only the first `=` splits
+
+
+def test_a_later_line_for_the_same_name_wins():
+    assert from_environment({ENV: "learning_rate=1e-4\nbf16=true\nlearning_rate=3e-4"}) == [
+        Override("bf16", "true"), Override("learning_rate", "3e-4")]
+
+
+def test_no_variable_no_overrides():
+    assert from_environment({}) == [] and from_environment({ENV: ""}) == []
+
+
+@pytest.mark.parametrize("line", ["learning_rate", "=1e-4", " =1"])
+def test_a_line_without_a_name_and_value_is_a_usage_error(line):
+    with pytest.raises(UsageError, match=f"^--set {line}: expected NAME=VALUE, e.g. --set learning_rate=1e-4$") as error:
+        from_environment({ENV: f"bf16=true\n{line}"})
+    assert error.value.exit_status == 2
+
+
+def test_environment_value_appends_the_new_lines_after_the_environments():
+    assert training_overrides.environment_value(["bf16=false"], {ENV: "learning_rate=1e-4\n"}) == \
+        "learning_rate=1e-4\nbf16=false"
+    assert training_overrides.environment_value([], {}) == ""
+    with pytest.raises(UsageError, match="a value must fit on one line"):
+        training_overrides.environment_value(["run_name=a\nb"], {})
+
+
+# check
+
+
+@pytest.mark.parametrize("line", [
+    "learning_rate=1e-4", "learning_rate=-1", "bf16=true", "bf16=No", "bf16=0", "max_steps=10",
+    "lr_scheduler_type=cosine", "eval_strategy=steps", "optim=adamw_torch", "eval_steps=0.5", "seed=3",
+    "report_to=tensorboard", "label_names=labels other", "beta=0.2", "max_length=512", "num_generations=4",
+])
+def test_fields_of_the_training_arguments_family_pass(line):
+    check(overrides(line))  # the assertions are in the failing cases below, which use the same path
+
+
+@pytest.mark.parametrize("line, message", [
+    ("learnin_rate=1e-4", "--set learnin_rate=1e-4: no training argument named learnin_rate (did you mean learning_rate?)"),
+    ("bf16=maybe", "--set bf16=maybe: bf16 takes a bool (true or false), not 'maybe'"),
+    ("max_steps=1.5", "--set max_steps=1.5: max_steps takes an int, not '1.5'"),
+    ("learning_rate=fast", "--set learning_rate=fast: learning_rate takes a float, not 'fast'"),
+    ("eval_strategy=sometimes", "--set eval_strategy=sometimes: eval_strategy takes one of no, steps, epoch, not 'sometimes'"),
+    ("beta=high", "--set beta=high: DPOConfig's beta takes a float, not 'high'"),
+    ("loss_weights=1 x", "--set loss_weights=1 x: DPOConfig's loss_weights takes a list of values separated by spaces, "
+                         "each a float, not '1 x'"),
+])
+def test_a_wrong_name_or_value_is_one_sentence_naming_the_flag(line, message):
+    with pytest.raises(UsageError) as error:
+        check(overrides("learning_rate=1e-4", line))
+    assert str(error.value) == message
+    assert error.value.exit_status == 2
+
+
+def test_an_enum_field_lists_its_choices():
+    with pytest.raises(UsageError, match=r"^--set lr_scheduler_type=foo: lr_scheduler_type takes one of linear, cosine, "
+                                         r"cosine_with_restarts, .*, not 'foo'$"):
+        check(overrides("lr_scheduler_type=foo"))
+
+
+def test_a_name_nothing_is_close_to_names_the_configs():
+    with pytest.raises(UsageError, match=r"^--set zzzqqq=1: no training argument named zzzqqq \(none of "
+                                         r"TrainingArguments, SFTConfig, DPOConfig, GRPOConfig, .* has such a field\)$"):
+        check(overrides("zzzqqq=1"))
+
+
+def test_a_value_one_config_takes_passes_though_another_refuses_it():
+    # loss_type: KTOConfig's choices are kto and apo_zero_unpaired; DPOConfig's is a list of names, CPOConfig's hinge too.
+    check(overrides("loss_type=hinge"))
+
+
+def test_the_message_can_name_where_the_override_came_from():
+    with pytest.raises(UsageError, match="^--suite s.yaml: case a: set bf16=maybe: bf16 takes a bool"):
+        check(overrides("bf16=maybe"), where="--suite s.yaml: case a: set")
+
+
+def test_the_family_holds_transformers_and_trls_configs():
+    names = [config_class.__name__ for config_class in training_overrides.config_classes()]
+    assert names[:6] == ["TrainingArguments", "SFTConfig", "DPOConfig", "GRPOConfig", "KTOConfig", "RewardConfig"]
+    assert {"CPOConfig", "ORPOConfig"} <= set(names)  # from trl.experimental in TRL 1.x
+
+
+def test_nothing_to_check_imports_nothing():
+    # The script reads its flags before setup imports Unsloth, which must come before transformers and trl.
+    code = ("import sys; from nbddp.runtime import training_overrides as t; t.check([]); "
+            "t.from_environment({'NBDDP_SET': 'learning_rate=1e-4'}); "
+            "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"
+
+
+# apply
+
+
+def test_apply_types_each_value_and_says_what_it_replaced():
+    kwargs = {"learning_rate": 2e-4, "max_steps": 60, "output_dir": "outputs"}
+    new, notes = apply(TrainingArguments, kwargs, overrides(
+        "learning_rate=1e-4", "max_steps=5", "bf16=yes", "lr_scheduler_type=cosine", "eval_strategy=steps"))
+    assert new == {"learning_rate": 1e-4, "max_steps": 5, "output_dir": "outputs", "bf16": True,
+                   "lr_scheduler_type": "cosine", "eval_strategy": "steps"}
+    assert type(new["learning_rate"]) is float and type(new["max_steps"]) is int and new["bf16"] is True
+    assert notes == ["learning_rate=0.0001 (the notebook wrote 0.0002)", "max_steps=5 (the notebook wrote 60)",
+                     "bf16=True (the notebook left it at its default False)",
+                     "lr_scheduler_type='cosine' (the notebook left it at its default 'linear')",
+                     "eval_strategy='steps' (the notebook left it at its default 'no')"]
+    assert kwargs == {"learning_rate": 2e-4, "max_steps": 60, "output_dir": "outputs"}  # the notebook's, untouched
+
+
+def test_the_config_built_from_them_holds_the_values():
+    new, _ = apply(TrainingArguments, {"output_dir": "outputs", "eval_steps": 5},
+                   overrides("learning_rate=3e-4", "lr_scheduler_type=cosine", "eval_strategy=steps",
+                             "label_names=labels ids"))
+    args = TrainingArguments(**new)
+    assert args.learning_rate == 3e-4 and args.lr_scheduler_type is SchedulerType.COSINE
+    assert args.eval_strategy is IntervalStrategy.STEPS and args.label_names == ["labels", "ids"]
+
+
+def test_the_default_named_is_the_config_classs_own():
+    _, notes = apply(SFTConfig, {}, overrides("learning_rate=1e-4", "bf16=false"))
+    assert notes == ["learning_rate=0.0001 (the notebook left it at its default 2e-05)",
+                     "bf16=False (the notebook left it at its default None)"]
+
+
+def test_overrides_of_fields_the_class_lacks_are_left_for_another_config():
+    new, notes = apply(TrainingArguments, {"seed": 1}, overrides("beta=0.5", "max_length=128", "seed=7"))
+    assert new == {"seed": 7} and notes == ["seed=7 (the notebook wrote 1)"]
+    new, _ = apply(DPOConfig, {}, overrides("beta=0.5", "max_length=128"))
+    assert new == {"beta": 0.5, "max_length": 128}
+
+
+def test_a_value_the_class_itself_refuses_names_the_class():
+    with pytest.raises(UsageError, match=r"^--set loss_type=hinge: KTOConfig's loss_type takes one of kto, "
+                                         r"apo_zero_unpaired, not 'hinge'$"):
+        apply(KTOConfig, {}, overrides("loss_type=hinge"))
+
+
+def test_no_overrides_no_change():
+    assert apply(SFTConfig, {"max_steps": 3}, []) == ({"max_steps": 3}, [])
+
+
+def test_parsers_are_built_once_per_class():
+    assert training_overrides._parser(SFTConfig) is training_overrides._parser(SFTConfig)
+    assert training_overrides._parser(SFTConfig) is not training_overrides._parser(TrainingArguments)
+
+
+def test_a_subclass_hfargumentparser_cannot_read_is_typed_by_its_base():
+    @dataclasses.dataclass
+    class OwnConfig(TrainingArguments):
+        mixed: int | float = 1  # HfArgumentParser refuses a Union of two types
+
+    assert training_overrides._parser(OwnConfig).dataclass_types == [TrainingArguments]
+    new, notes = apply(OwnConfig, {}, overrides("learning_rate=1e-3"))
+    assert new == {"learning_rate": 1e-3} and notes == ["learning_rate=0.001 (the notebook left it at its default 5e-05)"]
