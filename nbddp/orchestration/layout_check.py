@@ -10,8 +10,7 @@ batch) when every step's training loss agrees within the tolerance, else with `-
 
 Tolerance, relative per step. On the CPU (float32), the tiny model's first 3 steps, notebook 4 x 4 against the
 2-process layout 8 x 1 run on one process as 8 x 2: at most 3.8e-6 apart; a planted other seed (data order)
-moved them 8.8e-3, half the global batch 2.1e-2. BATCH_LAYOUT = "batch_layout"  # the script's parameter (nbddp's own, export/parameters.py)
-CPU_TOLERANCE = 1e-4 lies between. On a GPU, bfloat16 and
+moved them 8.8e-3, half the global batch 2.1e-2. CPU_TOLERANCE = 1e-4 lies between. On a GPU, bfloat16 and
 float16 keep 8 and 11 bits of mantissa, and kernels of other shapes round otherwise: on an H200 with Unsloth
 (bench/results/layout_1gpu), notebook 2 x 4 against 8 x 1 differed by at most 6.5e-6 (8B QLoRA), 2.5e-5 (1.1B)
 and 3.9e-5 (3B conversational) over the first 3 steps, 3.2e-4 over all 60. GPU_TOLERANCE = 1e-3 is 25 times
@@ -77,8 +76,10 @@ def compare(notebook_metrics: Path | None, fuller_metrics: Path | None, toleranc
     one, other = dict(notebook.losses), dict(fuller.losses)
     steps = sorted(one.keys() & other.keys())
     if not steps or one.keys() != other.keys():
+        what = "no training loss" if not steps else "different steps"
         return LayoutCheck(check.notebook, check.fuller, len(steps), None, tolerance,
-                           "the two runs logged different steps: the notebook's layout is used")
+                           f"the two runs logged {what} (logging_steps above the smoke steps?): the notebook's "
+                           "layout is used")
     worst = max(abs(other[step] - one[step]) / max(abs(one[step]), 1e-12) for step in steps)
     reason = "" if worst <= tolerance else ("the losses differ by more than the tolerance, so the layouts do not "
                                             "train alike here: torchrun uses the notebook's layout")

@@ -60,7 +60,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
     check = None
     if user.get(layout_check.BATCH_LAYOUT) == "auto":
-        processes = options.processes(os.environ)
+        processes = options.processes(os.environ) * options.nnodes  # the world torchrun will run
         check = layout_check.prove(notebook, script, defaults, smoke_user, visible, timeout, run_dir, overrides_env,
                                    processes)
         train[layout_check.BATCH_LAYOUT] = check.launch_layout()

@@ -161,7 +161,10 @@ def generation_batch_problem(plan_: BatchPlan, num_generations: int | None, gene
     generation = generation_batch_size or per_step * (steps_per_generation or plan_.accumulation)
     if generation % num_generations == 0:
         return None
+    if plan_.layout == "per-device":
+        advice = "or use --batch_layout notebook, which keeps the notebook's generation batch"
+    else:  # only a nearest split changes the generation batch: the notebook's did not divide over the processes
+        advice = (f"or make per_device_train_batch_size x gradient_accumulation_steps a multiple of the "
+                  f"{plan_.processes} processes (--set NAME=VALUE), or use --batch_layout per-device")
     return (f"GRPO's generation batch would be {generation} completions ({plan_.describe()}), not a multiple of "
-            f"num_generations={num_generations}: set num_generations to a divisor of {generation}, or "
-            f"per_device_train_batch_size x gradient_accumulation_steps to a multiple of {num_generations} "
-            "(--set NAME=VALUE), or use --batch_layout notebook, which keeps the notebook's generation batch")
+            f"num_generations={num_generations}: set num_generations to a divisor of {generation}, {advice}")

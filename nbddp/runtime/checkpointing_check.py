@@ -14,13 +14,14 @@ When the trainer's gradient accumulation is even and twice its per-device batch 
 (also counting from what step 1 reserved), rank 0 adds one line (`larger_micro_batch_tip`; wrapped here):
 
     nbddp: tip: micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: per_device_train_batch_size=8
-    with gradient_accumulation_steps=2 (flags of those names where the notebooks make them parameters) keeps the
+    with gradient_accumulation_steps=2 (--set NAME=VALUE, or --batch_layout auto, which chooses for you) keeps the
     global batch (16 rows per rank and optimizer step) in fewer, fuller micro batches; on a 1.1B model on an H200,
     micro batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)
 """
 import torch
 from transformers import TrainerCallback
 
+from nbddp.runtime import batch_plan
 from nbddp.runtime.memory_estimate import GIB, estimate_peak, format_gib
 
 CLOSE_TO_LIMIT = 0.90  # reserved peak over this share of the GPU after step 1: little left for longer rows
@@ -62,7 +63,8 @@ class FirstStepMemoryCheck(TrainerCallback):
             print(f"nbddp: {report}", flush=True)
             tip = larger_micro_batch_tip(self.choice, args.per_device_train_batch_size,
                                          args.gradient_accumulation_steps, self.seq_len, reserved / GIB)
-            if tip:
+            plan = batch_plan.of(args)
+            if tip and not (plan and plan.fuller):  # --batch_layout auto already chose the micro batch
                 print(f"nbddp: tip: {tip}", flush=True)
         if warning:
             print(f"nbddp: warning: rank {args.process_index}: {warning}", flush=True)
@@ -99,6 +101,6 @@ def larger_micro_batch_tip(choice, batch: int, accumulation: int, seq_len: int, 
         return None
     return (f"micro batch {larger} is estimated at {format_gib(estimate_gib)} GiB, within the "
             f"{choice.budget_gib:.1f} GiB budget: per_device_train_batch_size={larger} with "
-            f"gradient_accumulation_steps={accumulation // 2} (flags of those names where the notebooks make them "
-            f"parameters) keeps the global batch ({batch * accumulation} rows per rank and optimizer step) in fewer, "
+            f"gradient_accumulation_steps={accumulation // 2} (--set NAME=VALUE, or --batch_layout auto, which "
+            f"chooses for you) keeps the global batch ({batch * accumulation} rows per rank and optimizer step) in fewer, "
             f"fuller micro batches; {MEASURED_GAIN}")

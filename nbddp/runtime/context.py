@@ -279,7 +279,11 @@ class DistributedContext:
 
 
 def _field_default(config_class, name):
-    """The default of dataclass field `name` of `config_class`, None when it has no such field."""
+    """The default `config_class(...)` gives `name`: its `__init__`'s (Unsloth's compiled configs declare their
+    own, 4 x 2 where the dataclass fields say 8 x 1), else the dataclass field's; None when it has neither."""
+    parameter = inspect.signature(config_class.__init__).parameters.get(name)
+    if parameter is not None and parameter.default is not inspect.Parameter.empty:
+        return parameter.default
     field = getattr(config_class, "__dataclass_fields__", {}).get(name)
     if field is None:
         return None

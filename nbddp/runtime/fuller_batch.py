@@ -23,6 +23,7 @@ import functools
 import os
 import resource
 
+import pyarrow.compute
 import torch
 import torch.distributed as dist
 
@@ -63,40 +64,81 @@ def patch_trainer(trainer_class) -> None:
 
 
 def lay_out(trainer, plan: BatchPlan) -> None:
-    """Choose, probe and apply the fullest layout for `trainer` (see the module); print on rank 0."""
+    """Choose, probe and apply the fullest layout for `trainer` (see the module); print on rank 0. Rank 0's choice
+    is every rank's, and every rank joins the same collectives whatever it finds."""
+    device = trainer.args.device
+    budget = HEADROOM * _capacity_gib(device)  # a collective: before anything a rank may skip
     rows = _longest_rows(trainer)
-    reason = _why_not(trainer, rows)
+    current = _current_mode(trainer)
+    reason, chosen = _from_rank0(_decide(trainer, plan, rows, current, budget), device)
+    seq_len = len(rows[0]["input_ids"]) if rows else 0
     if reason:
         _say(f"--batch_layout {plan.layout}: {reason}; {plan.describe()}")
         return
-    model, device = trainer.model, trainer.args.device
-    seq_len = len(rows[0]["input_ids"])
-    current = _current_mode(trainer)
-    budget = HEADROOM * _capacity_gib(device)
-    candidates = _candidates(model, plan, seq_len, current, _lora_r(model), transformers_peft=not real_unsloth_imported())
-    chosen = choose(candidates, plan, current, budget, seq_len)
-    if chosen is None or (chosen.micro_batch, chosen.mode) == (plan.micro_batch, current):
-        _say(f"--batch_layout {plan.layout}: nothing fuller fits the {budget:.1f} GiB budget at the longest rows "
-             f"({seq_len} tokens), or the notebook's layout is already the fullest; {plan.describe()}")
-        return
     switched = _set_mode(trainer, chosen.mode, current)
-    peak_gib = _probe(trainer, rows[: chosen.micro_batch], device)
-    if peak_gib is None:  # out of memory on some rank
+    ok, peak_gib, note = _probe(trainer, (rows or [])[: chosen.micro_batch], device)
+    if not ok:
         _set_mode(trainer, current, chosen.mode, switched)
-        _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with checkpointing {chosen.mode} ran out of memory "
+        _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with checkpointing {chosen.mode} {note} "
              f"on the probe step; the notebook's layout instead: {plan.describe()}")
         return
     new_plan = dataclasses.replace(plan, micro_batch=chosen.micro_batch,
                                    accumulation=plan.micro_batch * plan.accumulation // chosen.micro_batch)
     trainer.args.per_device_train_batch_size = chosen.micro_batch
+    # Trainer divides by its accumulation itself and keeps accelerate's at 1 (Trainer.create_accelerator_and_
+    # postprocess), so the accelerator is left alone here.
     trainer.args.gradient_accumulation_steps = new_plan.accumulation_here
     trainer._train_batch_size = trainer.args.train_batch_size  # what get_train_dataloader batches by
-    trainer.accelerator.gradient_accumulation_steps = new_plan.accumulation_here
     trainer.args.nbddp_batch_plan = new_plan
+    _update_checkpointing_choice(trainer, chosen)
     _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with gradient checkpointing {chosen.mode} "
-         f"(was {plan.micro_batch}, {current}): estimated {format_gib(chosen.estimate_gib)} GiB, probe peak "
-         f"{format_gib(peak_gib)} GiB at the longest rows ({seq_len} tokens), budget {budget:.1f} GiB; "
-         f"{new_plan.describe()}")
+         f"(was {plan.micro_batch}, {current}): estimated {format_gib(chosen.estimate_gib)} GiB, this process's "
+         f"peak after the probe {format_gib(peak_gib)} GiB at the longest rows ({seq_len} tokens), budget "
+         f"{budget:.1f} GiB; {new_plan.describe()}")
+
+
+def _decide(trainer, plan, rows, current, budget) -> tuple[str | None, Candidate | None]:
+    """(why the layout stays, None) or (None, the candidate to probe), from this rank's view."""
+    if hasattr(trainer.args, "num_generations"):
+        return "GRPO's generation batch is laid out from the micro batch, so its layout stays", None
+    if rows is None:
+        return ("the training set has no tokenized `input_ids` rows to estimate and probe with, so the layout "
+                "stays"), None
+    seq_len = len(rows[0]["input_ids"])
+    candidates = _candidates(trainer.model, plan, seq_len, current, _lora_r(trainer.model),
+                             transformers_peft=not real_unsloth_imported())
+    chosen = choose(candidates, plan, current, budget, seq_len)
+    if chosen is not None and (chosen.micro_batch, chosen.mode) != (plan.micro_batch, current):
+        return None, chosen
+    if plan.layout.isdigit():
+        return (f"micro batch {plan.layout} is not estimated to fit the {budget:.1f} GiB budget here at the "
+                f"longest rows ({seq_len} tokens), so the notebook's split stays"), None
+    return (f"nothing fuller fits the {budget:.1f} GiB budget at the longest rows ({seq_len} tokens), or the "
+            "notebook's layout is already the fullest"), None
+
+
+def _from_rank0(decision, device):
+    """Rank 0's `decision` on every rank (ranks may see other rows, or other free memory)."""
+    if not dist.is_initialized():
+        return decision
+    shared = [decision]
+    dist.broadcast_object_list(shared, src=0, device=device)
+    return shared[0]
+
+
+def _update_checkpointing_choice(trainer, chosen) -> None:
+    """The example notebooks' choose_gradient_checkpointing choice, and its first-step check, see the new layout."""
+    from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck  # imports transformers, like this caller
+
+    choice = getattr(trainer.model, "nbddp_checkpointing", None)
+    if choice is None:
+        return
+    choice = dataclasses.replace(choice, mode=chosen.mode, micro_batch=chosen.micro_batch,
+                                 reason="--batch_layout", estimates={chosen.mode: {"total_gib": chosen.estimate_gib}})
+    trainer.model.nbddp_checkpointing = choice
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, FirstStepMemoryCheck):
+            callback.choice, callback.estimate_gib = choice, chosen.estimate_gib
 
 
 def choose(candidates: list[Candidate], plan: BatchPlan, current: str, budget_gib: float,
@@ -122,21 +164,13 @@ def _candidates(model, plan, seq_len, current, lora_r, transformers_peft) -> lis
             for b in sizes for mode in modes]
 
 
-def _why_not(trainer, rows) -> str | None:
-    if hasattr(trainer.args, "num_generations"):
-        return "GRPO's generation batch is laid out from the micro batch, so its layout stays"
-    if rows is None:
-        return "the training set has no tokenized `input_ids` rows to estimate and probe with, so the layout stays"
-    return None
-
-
 def _longest_rows(trainer):
     """The training set's rows, longest first (as many as one process takes per step), without text columns;
     None for a dataset without `input_ids` (streamed, or tokenized in the collator)."""
     dataset = trainer.train_dataset
-    if dataset is None or "input_ids" not in (getattr(dataset, "column_names", None) or []):
+    if not hasattr(dataset, "with_format") or "input_ids" not in (dataset.column_names or []):
         return None
-    lengths = [len(ids) for ids in dataset["input_ids"]]
+    lengths = pyarrow.compute.list_value_length(dataset.with_format("arrow")["input_ids"]).to_pylist()
     plan = trainer.args.nbddp_batch_plan
     take = min(len(lengths), plan.micro_batch * plan.accumulation)
     longest = sorted(range(len(lengths)), key=lengths.__getitem__, reverse=True)[:take]
@@ -150,28 +184,45 @@ def _longest_rows(trainer):
     return rows or None
 
 
-def _probe(trainer, rows, device) -> float | None:
-    """Forward and backward of `rows` on the bare model, leaving no trace (random state, gradients); the peak
-    memory in GiB after it (this process's, since it started), or None when any rank ran out of memory."""
+def _probe(trainer, rows, device) -> tuple[bool, float | None, str]:
+    """Forward and backward of `rows` on the bare model, leaving no trace (random state, gradients, mode):
+    (every rank got through, this process's peak memory since it started in GiB, what went wrong). A failure other
+    than running out of memory is raised once every rank has heard of it."""
     model = trainer.model
     was_training = model.training
-    ok = True
+    failure, note = None, ""
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         model.train()
         try:
+            if not rows:
+                raise _CannotProbe("found no rows to probe with")
             batch = {key: value.to(device) for key, value in trainer.data_collator(rows).items()
                      if isinstance(value, torch.Tensor)}
-            model(**batch).loss.backward()
+            loss = model(**batch).loss
+            if loss is None:
+                raise _CannotProbe("gave no loss (the collator made no labels)")
+            loss.backward()
         except torch.OutOfMemoryError:
-            ok = False
+            note = "ran out of memory"
+        except RuntimeError as error:  # cuBLAS, bitsandbytes and Triton report running out of memory so
+            if "out of memory" not in str(error).lower():
+                failure = error
+            note = "ran out of memory" if failure is None else f"failed ({type(error).__name__})"
+        except _CannotProbe as error:
+            note = str(error)
         finally:
             model.zero_grad(set_to_none=True)
             model.train(was_training)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    if not _all_ranks(ok, device):
-        return None
-    return _peak_gib(device)
+    ok = _all_ranks(not note, device)
+    if failure is not None:
+        raise failure
+    return ok, _peak_gib(device) if ok else None, note or "failed on another rank"
+
+
+class _CannotProbe(Exception):
+    """The probe step cannot run here: the layout stays, as after running out of memory."""
 
 
 def _current_mode(trainer) -> str:

@@ -56,7 +56,10 @@ def config_from(config_class, training_args, config_arguments: dict):
     config_arguments = dict(config_arguments)
     if "max_seq_length" in config_arguments:  # TRL renamed it; Unsloth sets max_length from it
         config_arguments["max_length"] = config_arguments.pop("max_seq_length")
-    return config_class(**{**values, **config_arguments})
+    config = config_class(**{**values, **config_arguments})
+    if hasattr(training_args, "nbddp_batch_plan"):  # ddp.training_args's layout (batch_plan) goes with it
+        config.nbddp_batch_plan = training_args.nbddp_batch_plan
+    return config
 
 
 def patch_sft_config(config_class) -> None:

@@ -130,12 +130,24 @@ def test_the_flags_lines_follow_the_environments(script, notebook_runs, monkeypa
 
 def test_run_gives_both_the_smoke_and_torchrun_the_overrides(script, notebook_runs, launches, monkeypatch):
     monkeypatch.setattr(run_module, "check_export_fresh", lambda script: None)
-    run(script, options=LaunchOptions("2"), device="cpu", overrides=SET, batch_layout="auto")
+    run(script, options=LaunchOptions("2"), device="cpu", overrides=SET, batch_layout="per-device")
     [smoke_call], [plan] = notebook_runs, launches
     assert smoke_call["extra_env"][ENV] == plan.env_additions[ENV] == "learning_rate=1e-4\nlr_scheduler_type=cosine"
-    assert smoke_call["parameters"]["batch_layout"] == "auto"
+    assert smoke_call["parameters"]["batch_layout"] == "per-device"
     flags = plan.command[plan.command.index(str(script)) + 1:]
-    assert flags[flags.index("--batch_layout") + 1] == "auto"
+    assert flags[flags.index("--batch_layout") + 1] == "per-device"
+
+
+def test_run_with_auto_smokes_both_layouts_and_launches_the_notebooks_without_proof(script, notebook_runs, launches,
+                                                                                 monkeypatch):
+    monkeypatch.setattr(run_module, "check_export_fresh", lambda script: None)
+    run(script, options=LaunchOptions("2"), device="cpu", overrides=SET, batch_layout="auto")
+    (notebook_call, fuller_call), [plan] = notebook_runs, launches
+    assert notebook_call["parameters"]["batch_layout"] == "notebook"
+    assert fuller_call["parameters"]["batch_layout"] == "auto"
+    assert fuller_call["extra_env"]["NBDDP_PLAN_PROCESSES"] == "2" and fuller_call["extra_env"][ENV] == plan.env_additions[ENV]
+    flags = plan.command[plan.command.index(str(script)) + 1:]
+    assert flags[flags.index("--batch_layout") + 1] == "notebook"  # these fake runs wrote no metrics: nothing proven
 
 
 def test_run_checks_before_the_smoke(script, notebook_runs, launches, monkeypatch):

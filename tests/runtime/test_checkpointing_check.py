@@ -52,8 +52,9 @@ def test_the_tip_doubles_the_micro_batch_and_halves_the_accumulation():
     # batch_1b's shape and budget: micro batch 8 measured 20.5 GiB there.
     tip = larger_micro_batch_tip(choice(micro_batch=4, shape=SHAPE_1B, budget_gib=119.34), 4, 4, 2048, 11.9)
     assert tip == ("micro batch 8 is estimated at 20.2 GiB, within the 119.3 GiB budget: "
-                   "per_device_train_batch_size=8 with gradient_accumulation_steps=2 (flags of those names where the "
-                   "notebooks make them parameters) keeps the global batch (16 rows per rank and optimizer step) in "
+                   "per_device_train_batch_size=8 with gradient_accumulation_steps=2 (--set NAME=VALUE, or "
+                   "--batch_layout auto, which chooses for you) keeps the global batch (16 rows per rank and "
+                   "optimizer step) in "
                    "fewer, fuller micro batches; on a 1.1B model on an H200, micro batch 8 instead of 4 ran 1.39x the "
                    "tokens/s (docs/performance.md)")
 
@@ -62,12 +63,12 @@ def test_the_tip_estimates_the_batch_and_length_the_trainer_runs():
     # Unsloth's notebook defaults (batch 2, accumulation 4) at 8B, estimated in the chosen mode (unsloth), not off.
     tip = larger_micro_batch_tip(choice(mode="unsloth"), 2, 4, 2048, 9.0)
     assert tip.startswith("micro batch 4 is estimated at 18.2 GiB, within the 118.2 GiB budget: "
-                          "per_device_train_batch_size=4 with gradient_accumulation_steps=2 (flags of those names where "
-                          "the notebooks make them parameters) keeps the global batch (8 rows per rank")
+                          "per_device_train_batch_size=4 with gradient_accumulation_steps=2 (--set NAME=VALUE, or "
+                          "--batch_layout auto, which chooses for you) keeps the global batch (8 rows per rank")
     # 4 x 4096 tokens, as many as 8 x 2048 (76.5 GiB off), not the chosen 2048's 46.8 GiB.
     tip = larger_micro_batch_tip(choice(), 2, 8, 4096, 50.0)
     assert tip.startswith("micro batch 4 is estimated at 76.5 GiB")
-    assert "gradient_accumulation_steps=4 (flags" in tip and "keeps the global batch (16 rows" in tip
+    assert "gradient_accumulation_steps=4 (--set" in tip and "keeps the global batch (16 rows" in tip
 
 
 @pytest.mark.parametrize("accumulation", [1, 3, 5])

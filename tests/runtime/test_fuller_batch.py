@@ -36,7 +36,7 @@ def patched_train(monkeypatch):
     return Trainer
 
 
-def tiny_trainer(trainer_class, model_path, output_dir, layout):
+def tiny_trainer(trainer_class, model_path, output_dir, layout, accumulation=2):
     """A Trainer on the tiny Llama with LoRA, 2 rows x 2 accumulation as the notebook writes it, built through
     `ddp.training_args` as generated code builds it."""
     from datasets import Dataset
@@ -48,7 +48,7 @@ def tiny_trainer(trainer_class, model_path, output_dir, layout):
     ddp = DistributedContext(batch_layout=layout)
     args = ddp.training_args(TrainingArguments)(
         output_dir=str(output_dir), max_steps=3, use_cpu=True, report_to="none", logging_steps=1, seed=0,
-        per_device_train_batch_size=2, gradient_accumulation_steps=2, learning_rate=1e-2)
+        per_device_train_batch_size=2, gradient_accumulation_steps=accumulation, learning_rate=1e-2)
     rows = [{"input_ids": ids, "labels": ids} for ids in ([1, 3 + i % 7, 4, 5 + i % 5, 2] for i in range(24))]
     return trainer_class(model=model, args=args, train_dataset=Dataset.from_list(rows))
 
@@ -71,6 +71,24 @@ def test_auto_trains_the_same_steps_in_one_fuller_micro_batch(patched_train, tin
     assert "global batch 4 rows = 4 per device x 1 accumulation x 1 process (the notebook: 2 x 2 x 1" in out
 
 
+def grad_norms(trainer):
+    return [entry["grad_norm"] for entry in trainer.state.log_history if "grad_norm" in entry]
+
+
+def test_a_given_micro_batch_keeps_accumulating_and_the_gradients_their_size(patched_train, tiny_model_path,
+                                                                           tmp_path):
+    """2 x 4 as 4 x 2: the trainer divides by its own accumulation; accelerate's stays 1 (else every gradient would
+    be halved: grad_norm 0.318 instead of 0.637 seen in review)."""
+    notebook = tiny_trainer(patched_train, tiny_model_path, tmp_path / "notebook", "notebook", accumulation=4)
+    notebook.train()
+    given = tiny_trainer(patched_train, tiny_model_path, tmp_path / "given", "4", accumulation=4)
+    given.train()
+    assert (given.args.per_device_train_batch_size, given.args.gradient_accumulation_steps) == (4, 2)
+    assert given.accelerator.gradient_accumulation_steps == 1
+    torch.testing.assert_close(grad_norms(given), grad_norms(notebook), rtol=1e-4, atol=0)
+    torch.testing.assert_close(losses(given), losses(notebook), rtol=1e-5, atol=0)
+
+
 def test_an_out_of_memory_probe_keeps_the_notebooks_layout(patched_train, tiny_model_path, tmp_path, capsys,
                                                          monkeypatch):
     trainer = tiny_trainer(patched_train, tiny_model_path, tmp_path, "auto")
@@ -89,6 +107,17 @@ def test_an_out_of_memory_probe_keeps_the_notebooks_layout(patched_train, tiny_m
     assert len(losses(trainer)) == 3  # trained all the same
     out = capsys.readouterr().out
     assert "micro batch 4 with checkpointing off ran out of memory on the probe step; the notebook's layout" in out
+
+
+def test_a_probe_that_fails_otherwise_raises(patched_train, tiny_model_path, tmp_path, monkeypatch):
+    trainer = tiny_trainer(patched_train, tiny_model_path, tmp_path, "auto")
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered (planted)")
+
+    monkeypatch.setattr(type(trainer.model), "forward", broken)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        trainer.train()
 
 
 def test_other_layouts_and_grpo_are_left_as_planned(patched_train, tiny_model_path, tmp_path, capsys):
