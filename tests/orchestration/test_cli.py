@@ -1,17 +1,17 @@
 """The smoke, launch, run and regress subcommands of pipeline.py: flags in, one library call out."""
 
-import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from nbddp import cli as pipeline  # pipeline.py and `python -m nbddp` call its main
 from nbddp.orchestration.launch import LaunchOptions
 from nbddp.orchestration.regress import RegressionFailed
 from nbddp.orchestration.slurm import SlurmOptions
 
-_spec = importlib.util.spec_from_file_location("pipeline", Path(__file__).parents[2] / "pipeline.py")
-pipeline = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(pipeline)
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -170,3 +170,18 @@ def test_each_verb_teaches_set_and_batch_layout(capsys):
         assert "--set NAME=VALUE override a keyword of the training arguments" in text
         assert "e.g. --set learning_rate=1e-4" in text
         assert ("e.g. --batch-layout per-device" in text) is (verb != "regress")
+
+
+def test_the_command_answers_as_nbddp_and_as_pipeline_py():
+    for command, prog in (([sys.executable, "-m", "nbddp"], "nbddp"), ([sys.executable, "pipeline.py"], "pipeline.py")):
+        version = subprocess.run([*command, "--version"], cwd=REPO, capture_output=True, text=True)
+        assert version.returncode == 0 and version.stdout.startswith("nbddp 0."), version.stderr
+        usage = subprocess.run([*command, "--help"], cwd=REPO, capture_output=True, text=True).stdout
+        assert usage.startswith(f"usage: {prog} [-h] [--version] {{export,smoke,launch,run,regress}}")
+
+
+def test_the_console_command_is_declared():
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["scripts"] == {"nbddp": "nbddp.cli:main"}

@@ -1,0 +1,289 @@
+"""nbddp command line: turn the stage notebooks into one DDP-safe script and run it.
+
+`nbddp` once installed (`python -m nbddp`), `python pipeline.py` in a clone; the same subcommands:
+
+    python pipeline.py export [--notebooks notebooks] [--out generated] [--check] [--force]
+    python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
+                             [--device N|cpu] [--timeout S]
+    python pipeline.py launch [--nproc-per-node N|auto] [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
+                              [--max-restarts N] [--set NAME=VALUE]... [--batch-layout L] [--dry-run] [-- SCRIPT FLAGS]
+    python pipeline.py launch --slurm [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--job-name NAME]
+                              [--time T] [--partition P] [--max-restarts N] [-o train.sbatch] [-- SCRIPT FLAGS]
+    python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
+    python pipeline.py regress [--suite regress.yaml] [--only NAME] [--set NAME=VALUE]... [--update-baseline]
+
+Each subcommand parses its flags and calls the library; bad input exits 2 with the error's message.
+"""
+import argparse
+import importlib.metadata
+import os
+import sys
+import textwrap
+
+from nbddp.errors import NbddpError, UsageError
+from nbddp.export import export
+from nbddp.export.help import export_epilog
+from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
+from nbddp.orchestration.regress import regress
+from nbddp.orchestration.run import run
+from nbddp.orchestration.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
+from nbddp.orchestration.smoke import smoke
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """argparse's, but an option's help never breaks inside a flag or a value (`--batch-` / `layout`, `1e-` / `4`)."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+
+def add_export_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "export",
+        help="write generated/train.py (and its source map) from the stage notebooks",
+        description="Export notebooks/NN_*.ipynb, in name order, to one DDP-safe script for torchrun.",
+        epilog=export_epilog(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    command.add_argument("--notebooks", default="notebooks", help="folder of the stage notebooks (default: notebooks)")
+    command.add_argument("--out", default="generated", help="folder to write train.py into (default: generated)")
+    command.add_argument(
+        "--check", action="store_true", help="write nothing; exit 1 if the generated files are not what export writes"
+    )
+    command.add_argument("--force", action="store_true", help="overwrite a train.py that was edited by hand")
+    command.set_defaults(run=run_export)
+
+
+def run_export(args) -> int:
+    result = export(args.notebooks, args.out, check=args.check, force=args.force)
+    if not args.check:
+        print(result.report.text(result.script_path.as_posix()))
+        return 0
+    if result.stale:
+        stale = "\n".join(f"  {line}" for line in result.stale)
+        print(f"generated files are stale; run `python pipeline.py export`:\n{stale}", file=sys.stderr)
+        return 1
+    print(f"{args.out} is up to date with {args.notebooks}")
+    return 0
+
+
+def add_script_option(command) -> None:
+    command.add_argument("--script", default="generated/train.py", help="the generated script (default: %(default)s)")
+
+
+def add_parameter_options(command) -> None:
+    """-p/-f and the smoke run's device and timeout, shared by smoke and run."""
+    command.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                         help="override a notebook parameter; VALUE is typed like its default (repeatable)")
+    command.add_argument("-f", "--params-file", help="YAML file of parameter overrides (-p wins over it)")
+    command.add_argument("--device", help="the one device the smoke run sees: a GPU index or cpu "
+                                          "(default: the first GPU, else cpu)")
+    command.add_argument("--timeout", type=int, default=1800, help="seconds each notebook cell may run (default: %(default)s)")
+
+
+def add_set_option(command, scope="") -> None:
+    command.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
+                         help="override a keyword of the training arguments the notebook builds (TrainingArguments, "
+                              f"SFTConfig, GRPOConfig, ...){scope}, typed as Transformers types that field and checked "
+                              "before anything runs; repeatable; e.g. --set learning_rate=1e-4 --set bf16=false")
+
+
+def add_batch_layout_option(command) -> None:
+    command.add_argument("--batch-layout", metavar="{notebook,per-device,auto}",
+                         help="how N processes share the notebook's batch: notebook (the script's default) keeps its "
+                              "global batch (per_device_train_batch_size x gradient_accumulation_steps) by dividing "
+                              "the accumulation; per-device is classic DDP, each process runs the notebook's "
+                              "per-device settings, so the global batch grows N times; auto keeps the global batch "
+                              "in the fullest micro batch that fits each GPU, with the cheapest gradient "
+                              "checkpointing that fits (a number B: micro batch B, the global batch kept); "
+                              "e.g. --batch-layout per-device")
+
+
+def add_launch_options(command) -> None:
+    """torchrun's world, shared by launch and run."""
+    command.add_argument("--nproc-per-node", default="auto",
+                         help="processes on this node; auto = one per visible GPU, or 2 CPU processes without GPUs")
+    command.add_argument("--nnodes", "--nodes", type=int, default=1, help="number of nodes (default: 1)")
+    command.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
+    command.add_argument("--rdzv-endpoint", help="HOST:PORT every node reaches (needed with --nnodes > 1)")
+    command.add_argument("--rdzv-id", default=DEFAULT_RDZV_ID, help="job id, the same on every node (default: %(default)s)")
+    command.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                         help="restart all workers up to N times after a failure; they resume from the last "
+                              "checkpoint (default: 0)")
+
+
+def launch_options(args) -> LaunchOptions:
+    return LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
+                         args.max_restarts)
+
+
+# Flags that only torchrun on this machine uses, and flags that only the SLURM job script uses: their defaults,
+# so that a flag given in the wrong mode is refused rather than ignored.
+TORCHRUN_ONLY = {"nproc_per_node": "auto", "node_rank": 0, "rdzv_endpoint": None, "rdzv_id": DEFAULT_RDZV_ID,
+                 "dry_run": False}
+SLURM_ONLY = {"gpus_per_node": None, "cpus_per_node": None, "job_name": None, "time": None, "partition": None,
+              "output": None}
+
+
+def refuse_flags(args, defaults, why) -> None:
+    given = [f"--{name.replace('_', '-')}" for name, default in defaults.items() if getattr(args, name) != default]
+    if given:
+        raise UsageError(f"{', '.join(given)}: not used {why}")
+
+
+def slurm_options(args) -> SlurmOptions:
+    given = {name: getattr(args, name) for name in SLURM_ONLY if name != "output" and getattr(args, name) is not None}
+    return SlurmOptions(nodes=args.nnodes, max_restarts=args.max_restarts, **given)
+
+
+def add_smoke_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "smoke",
+        formatter_class=HelpFormatter,
+        help="run the generated script once as a notebook (papermill), a few steps on one device",
+        description="Smoke-run the generated script through papermill; results in runs/<UTC time>-smoke/.",
+        epilog="The run directory holds train.ipynb (the executed notebook, outputs included; named after the "
+               "script), train.html, "
+               "params.json (the injected parameters), metrics.jsonl, cells.stdout.log / cells.stderr.log (what "
+               "the cells printed) and papermill.stderr.log. A failing cell is reported at its source notebook, "
+               "cell and line; exit status 1, or 2 for bad input nbddp caught (a missing data file, say).",
+    )
+    add_script_option(command)
+    add_parameter_options(command)
+    add_set_option(command)
+    add_batch_layout_option(command)
+    command.set_defaults(run=run_smoke)
+
+
+def run_smoke(args) -> int:
+    smoke(args.script, args.param, args.params_file, args.device, args.timeout, overrides=args.overrides,
+          batch_layout=args.batch_layout)
+    return 0
+
+
+def add_launch_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "launch",
+        formatter_class=HelpFormatter,
+        help="run the generated script under torchrun",
+        description="Launch the generated script with torchrun (gloo on CPU, NCCL on GPUs); exits with its status.",
+    )
+    add_script_option(command)
+    add_launch_options(command)
+    add_set_option(command)
+    add_batch_layout_option(command)
+    command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    slurm = command.add_argument_group("SLURM", "write an sbatch script instead of running (one torchrun per node)")
+    slurm.add_argument("--slurm", action="store_true", help="write the job script; --nodes sets the node count")
+    slurm.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs, and so workers, per node (default: 1)")
+    slurm.add_argument("--cpus-per-node", type=int, metavar="C", help="CPUs for each node's workers (default: SLURM's, often 1)")
+    slurm.add_argument("--job-name", metavar="NAME", help="the job's name (default: nbddp)")
+    slurm.add_argument("--time", metavar="T", help="time limit, e.g. 04:00:00 (default: the partition's)")
+    slurm.add_argument("--partition", metavar="P", help="partition to run in (default: the cluster's)")
+    slurm.add_argument("-o", "--output", metavar="PATH", help=f"where to write the script; never overwritten (default: {DEFAULT_JOB_SCRIPT})")
+    command.add_argument("script_args", nargs="*", metavar="-- SCRIPT FLAGS", help="flags for the script, after --")
+    command.set_defaults(run=run_launch)
+
+
+def run_launch(args) -> int:
+    if args.slurm:
+        refuse_flags(args, TORCHRUN_ONLY, "with --slurm (SLURM places the processes: use --nodes and --gpus-per-node)")
+        script_args = job_script_args(args.script_args, args.overrides, args.batch_layout)
+        write_job_script(args.script, script_args, slurm_options(args), args.output or DEFAULT_JOB_SCRIPT)
+        return 0
+    refuse_flags(args, SLURM_ONLY, "without --slurm")
+    return launch(args.script, args.script_args, launch_options(args), dry_run=args.dry_run, overrides=args.overrides,
+                  batch_layout=args.batch_layout)
+
+
+def add_run_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "run",
+        formatter_class=HelpFormatter,
+        help="export check, smoke run, then torchrun, and a summary",
+        description="Check generated/ is fresh, smoke-run it, launch it with torchrun, summarise; "
+                    "stops at the first failure. Results in runs/<UTC time>-run/.",
+    )
+    add_script_option(command)
+    add_launch_options(command)
+    add_parameter_options(command)
+    add_set_option(command)
+    add_batch_layout_option(command)
+    command.set_defaults(run=run_pipeline)
+
+
+def run_pipeline(args) -> int:
+    run(args.script, args.param, args.params_file, launch_options(args), args.device, args.timeout,
+        overrides=args.overrides, batch_layout=args.batch_layout)
+    return 0
+
+
+def add_regress_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "regress",
+        formatter_class=HelpFormatter,
+        help="run the regression suite and compare with its baseline",
+        description="Run the suite's cases, compare with <suite>_baseline.json, report in runs/<UTC time>-regress/.",
+    )
+    command.add_argument("--suite", default="regress.yaml", help="suite file (default: %(default)s)")
+    command.add_argument("--only", metavar="NAME", help="run only this case")
+    command.add_argument("--update-baseline", action="store_true", help="store this run's figures as the baseline")
+    add_set_option(command, " in every case, over the case's own `set:`")
+    command.set_defaults(run=run_regress)
+
+
+def run_regress(args) -> int:
+    regress(args.suite, args.only, args.update_baseline, overrides=args.overrides)
+    return 0
+
+
+WORKFLOW = """\
+the usual flow:
+  python pipeline.py export                   notebooks/ -> generated/train.py, with a report of every rewrite
+  python pipeline.py smoke -p max_steps 3     run that script once as a notebook on one device (papermill)
+  python pipeline.py launch -- --max_steps 500
+                                              the same script under torchrun, one process per GPU (2 on CPU)
+  python pipeline.py run                      export check -> smoke -> launch -> summary and loss plot
+  python pipeline.py run --set learning_rate=1e-4 --batch-layout per-device
+                                              any training argument, and how N processes share the batch
+  python pipeline.py regress                  the regression suite against its committed baseline
+  torchrun --nproc_per_node 4 generated/train.py --help
+                                              every notebook parameter as a typed flag
+
+Each subcommand has its own --help. Bad input exits 2 and names the notebook, cell and line (or the flag)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(sys.argv[0]) if sys.argv[0].endswith("pipeline.py") else "nbddp",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=WORKFLOW,
+    )
+    parser.add_argument("--version", action="version", version=f"nbddp {version()}")
+    subcommands = parser.add_subparsers(dest="command", required=True)
+    add_export_command(subcommands)
+    add_smoke_command(subcommands)
+    add_launch_command(subcommands)
+    add_run_command(subcommands)
+    add_regress_command(subcommands)
+    return parser
+
+
+def version() -> str:
+    """The installed distribution's version (an editable install counts)."""
+    try:
+        return importlib.metadata.version("nbddp")
+    except importlib.metadata.PackageNotFoundError:  # the source tree on sys.path, not installed
+        return "unknown (not installed)"
+
+
+def main(argv=None) -> int:
+    """Run one subcommand; returns the exit status (argparse itself exits 2 on a bad flag)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except NbddpError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return err.exit_status
+

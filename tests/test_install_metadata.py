@@ -1,0 +1,76 @@
+"""pyproject.toml's dependency ranges hold on both supported stacks, and the pre-commit hook runs on what it should."""
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The GPU host's versions where they differ from requirements.txt: docs/performance.md ("Hardware and software")
+# and `pip list` on the lent H200 host (2026-12-01); .gpu-site/site.tgz adds the notebook stack at requirements.txt's pins.
+GPU_HOST = {"torch": "2.11.0+cu130", "peft": "0.21.0", "pyyaml": "6.0.3", "pytest": "9.1.1",
+            "huggingface-hub": "1.33.0", "httpx": "0.28.1"}
+
+
+def project():
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def requirements_pins() -> dict[str, str]:
+    pins = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if "==" in line:
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def check_stack(pins: dict[str, str], requirements: list[str], complete=True) -> list[str]:
+    """The requirements that `pins` does not satisfy, or (when `complete`) names it lacks."""
+    failures = []
+    for requirement in map(Requirement, requirements):
+        version = pins.get(canonicalize_name(requirement.name))
+        if version is None and not complete:
+            continue
+        if version is None or not requirement.specifier.contains(version, prereleases=True):
+            failures.append(f"{requirement} (stack has {version})")
+    return failures
+
+
+def test_requirements_txt_pins_satisfy_the_ranges():
+    """`pip install -r requirements.txt` ends with `-e .`: its pins must fall inside pyproject's ranges.
+
+    What it does not pin (huggingface-hub, httpx: Transformers' own requirements) pip takes within the range."""
+    requirements = project()["dependencies"] + project()["optional-dependencies"]["dev"]
+    assert check_stack(requirements_pins(), requirements, complete=False) == []
+
+
+def test_gpu_host_versions_satisfy_the_ranges():
+    stack = requirements_pins() | {canonicalize_name(name): version for name, version in GPU_HOST.items()}
+    assert check_stack(stack, project()["dependencies"]) == []
+
+
+def test_torch_is_a_range_that_2_11_to_2_14_satisfy():
+    (torch,) = [Requirement(r) for r in project()["dependencies"] if Requirement(r).name == "torch"]
+    assert all(torch.specifier.contains(v) for v in ("2.11.0", "2.12.1", "2.13.0+cpu", "2.14.1"))
+    assert not any(s.operator == "==" for s in torch.specifier)
+
+
+def test_unsloth_extra_is_the_readme_gpu_install():
+    readme = (ROOT / "README.md").read_text()
+    (line,) = [line for line in readme.splitlines() if re.match(r"\S*pip install unsloth==", line)]
+    assert sorted(line.split()[2:]) == sorted(project()["optional-dependencies"]["unsloth"])
+
+
+def test_pre_commit_hook_runs_export_check_on_notebooks_and_generated_files():
+    (hook,) = yaml.safe_load((ROOT / ".pre-commit-hooks.yaml").read_text())
+    assert (hook["id"], hook["entry"], hook["language"], hook["pass_filenames"]) == (
+        "nbddp-export-check", "nbddp export --check", "python", False)
+    files = re.compile(hook["files"])  # pre-commit matches with re.search on the path from the repository root
+    assert all(files.search(p) for p in ("notebooks/01_data_prep.ipynb", "nbs/a.ipynb", "generated/train.py"))
+    assert not any(files.search(p) for p in ("README.md", "nbddp/cli.py", "notebooks/01_data_prep.py"))
