@@ -6,7 +6,10 @@ looks like a checkpoint, and `transformers.trainer_utils.get_last_checkpoint` wo
 writes `nbddp-complete.json` into the directory (temp file, fsync, os.replace), and resuming only ever considers
 directories that have it:
 
-    {"step": 40, "world_size": 2, "completed_at": 1764450000.5}
+    {"step": 40, "world_size": 2, "completed_at": 1764450000.5, "global_batch": 8}
+
+`global_batch` (rows per optimizer step, nbddp.runtime.batch_plan) is absent from markers written before it, and
+for trainers whose arguments nbddp did not lay out.
 
 Standard library only: the runtime writes markers, the orchestration reads them to report the last complete one.
 """
@@ -30,6 +33,7 @@ class Checkpoint:
     step: int
     world_size: int
     completed_at: float  # time.time() when the marker was written; orders checkpoints across runs
+    global_batch: int | None = None  # rows per optimizer step of the run that wrote it, when known
 
 
 def checkpoint_dirs(output_dir) -> list[Path]:
@@ -45,7 +49,10 @@ def read_marker(directory) -> Checkpoint | None:
     try:
         with open(Path(directory) / MARKER, encoding="utf-8") as file:
             marker = json.load(file)
-        return Checkpoint(Path(directory), int(marker["step"]), int(marker["world_size"]), float(marker["completed_at"]))
+        step, world_size, completed_at = int(marker["step"]), int(marker["world_size"]), float(marker["completed_at"])
+        global_batch = marker.get("global_batch")
+        return Checkpoint(Path(directory), step, world_size, completed_at,
+                          None if global_batch is None else int(global_batch))
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError):  # not the JSON we write (os.replace never leaves half a marker)
@@ -72,7 +79,7 @@ def incomplete_dirs(output_dir) -> list[Path]:
     return [path for path in checkpoint_dirs(output_dir) if read_marker(path) is None]
 
 
-def mark_complete(directory, step: int, world_size: int) -> Checkpoint:
+def mark_complete(directory, step: int, world_size: int, global_batch: int | None = None) -> Checkpoint:
     """Write the marker into `directory`, whose files every rank has finished writing.
 
     The files are flushed to disk first, so that after a power cut a marker never vouches for data still in
@@ -82,8 +89,10 @@ def mark_complete(directory, step: int, world_size: int) -> Checkpoint:
     for path in sorted(directory.rglob("*")):
         if path.is_file():
             _fsync(path)
-    checkpoint = Checkpoint(directory, step, world_size, time.time())
+    checkpoint = Checkpoint(directory, step, world_size, time.time(), global_batch)
     record = {"step": step, "world_size": world_size, "completed_at": checkpoint.completed_at}
+    if global_batch is not None:
+        record["global_batch"] = global_batch
     temp = directory / f".{MARKER}.{os.getpid()}.tmp"
     with open(temp, "w", encoding="utf-8") as file:
         json.dump(record, file)

@@ -57,7 +57,7 @@ class LayoutCheck:
             return self.reason or "auto kept the notebook's layout (nothing fuller fits, or it is already the fullest)"
         fuller, notebook = self.fuller, self.notebook
         text = (f"micro batch {fuller['micro_batch']} x {fuller['accumulation']} per process against the notebook's "
-                f"{notebook['micro_batch']} x {notebook['accumulation']} on {fuller['processes']} processes, "
+                f"{notebook['micro_batch']} x {notebook['accumulation']} on {_processes(fuller['processes'])}, "
                 f"{self.steps} steps on one device")
         if self.max_rel_diff is not None:
             text += f": max relative loss difference {self.max_rel_diff:.1e} (tolerance {self.tolerance:g})"
@@ -93,9 +93,13 @@ def prove(notebook, script, defaults, user, visible, timeout, run_dir, extra_env
 
     notebook_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "notebook"}, visible, timeout,
                                    run_dir / "smoke", extra_env)
-    print(f"smoke: --batch-layout auto: the same steps in the layout of {processes} processes", flush=True)
+    print(f"smoke: --batch-layout auto: the same steps in the layout of {_processes(processes)}", flush=True)
     fuller_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
                                  run_dir / "smoke-auto", (extra_env or {}) | {PLAN_PROCESSES: str(processes)})
     check = compare(notebook_run.metrics, fuller_run.metrics, GPU_TOLERANCE if visible else CPU_TOLERANCE)
     print(f"smoke: layout check: {check.describe()}", flush=True)
     return check
+
+
+def _processes(count: int) -> str:
+    return f"{count} process{'es' if count != 1 else ''}"

@@ -131,7 +131,7 @@ def plan(micro_batch: int, accumulation: int, processes: int, layout, running: i
         if rows % (processes * layout):
             raise UsageError(f"--batch_layout {layout}: the notebook's global batch of {rows} rows ({micro_batch} x "
                              f"{accumulation}) is not a whole number of micro batches of {layout} on {processes} "
-                             "processes; use --batch_layout notebook or auto")
+                             f"process{'es' if processes != 1 else ''}; use --batch_layout notebook or auto")
         layout = str(layout)  # the notebook's split now; fuller_batch takes micro batch `layout` at train()
     if accumulation % processes == 0:
         return BatchPlan(layout, micro_batch, accumulation // processes, **notebook)

@@ -22,6 +22,7 @@ from transformers import trainer as transformers_trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from nbddp import checkpoint_markers
+from nbddp.runtime import batch_plan
 
 
 class CompleteCheckpointsCallback(TrainerCallback):
@@ -38,7 +39,9 @@ class CompleteCheckpointsCallback(TrainerCallback):
             return
         checkpoint = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")  # as _save_checkpoint
         world_size = dist.get_world_size() if dist.is_initialized() else 1
-        checkpoint_markers.mark_complete(checkpoint, state.global_step, world_size)
+        plan = batch_plan.of(args)
+        checkpoint_markers.mark_complete(checkpoint, state.global_step, world_size,
+                                         plan.global_batch if plan else None)
         checkpoint_markers.rotate(args.output_dir, self.keep, protected=[state.best_model_checkpoint])
 
 

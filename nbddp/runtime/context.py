@@ -235,23 +235,26 @@ class DistributedContext:
         output_dir when this run resumes (`--resume`, or torchrun restarted the workers), else None.
 
         Rank 0 first deletes the checkpoint directories a stopped run left half-written, then chooses; every
-        rank gets rank 0's choice, so all of them load the same checkpoint.
+        rank gets rank 0's choice, so all of them load the same checkpoint. A checkpoint trained with another global
+        batch (another --batch_layout or process count under per-device) is refused, on every rank.
         """
         if not self.resume:
             return None
         output_dir = trainer.args.output_dir
-        chosen = None
+        decision = [None, None]  # (the checkpoint's path, why resuming it is refused)
         if self.is_main_process:
             for path in checkpoint_markers.incomplete_dirs(output_dir):
                 print(f"nbddp: removing {path}: incomplete (the run stopped while writing it)", flush=True)
                 checkpoint_markers.remove(path)
             chosen = checkpoint_markers.latest_complete(output_dir)
-            self._announce_resume(chosen, output_dir)
+            decision = [str(chosen.path) if chosen else None, _changed_batch(chosen, batch_plan.of(trainer.args))]
+            if decision[1] is None:
+                self._announce_resume(chosen, output_dir)
         if dist.is_initialized():
-            shared = [str(chosen.path) if chosen else None]
-            dist.broadcast_object_list(shared, src=0, device=self.device)
-            return shared[0]
-        return str(chosen.path) if chosen else None
+            dist.broadcast_object_list(decision, src=0, device=self.device)
+        if decision[1]:
+            raise UsageError(decision[1])
+        return decision[0]
 
     def _announce_resume(self, chosen, output_dir):
         why = f"torchrun restart {self.restart_count}" if self.restart_count else "--resume"
@@ -259,9 +262,9 @@ class DistributedContext:
             print(f"nbddp: {why}: no complete checkpoint in {output_dir}; training from the start", flush=True)
             return
         print(f"nbddp: {why}: resuming from {chosen.path} (step {chosen.step})", flush=True)
-        if chosen.world_size != self.world_size:
+        if chosen.world_size != self.world_size and chosen.global_batch is None:  # before markers had it
             print(f"nbddp: warning: {chosen.path} was written by {chosen.world_size} processes, this run has "
-                  f"{self.world_size}: the batches after it differ from an uninterrupted run's", file=sys.stderr)
+                  f"{self.world_size}: the batches after it may differ from an uninterrupted run's", file=sys.stderr)
 
     def shutdown(self):
         """Wait for every rank, then leave the process group; harmless without one or when called twice.
@@ -276,6 +279,17 @@ class DistributedContext:
         dist.destroy_process_group()
         if gloo and not running_in_kernel():
             exit_without_finalization()
+
+
+def _changed_batch(checkpoint, plan) -> str | None:
+    """What to say when `checkpoint` was trained with another global batch than `plan`'s: resuming would change
+    the training in mid-run (and Trainer would skip a wrong number of batches to find its place in the data)."""
+    if checkpoint is None or plan is None or checkpoint.global_batch in (None, plan.global_batch):
+        return None
+    return (f"--resume: {checkpoint.path} was trained with a global batch of {checkpoint.global_batch} rows per step, "
+            f"this run's is {plan.global_batch} ({plan.describe()}); resuming would change the training in mid-run. "
+            f"Resume with the layout it was written with (--batch_layout, the process count), or train afresh in "
+            f"another output_dir")
 
 
 def _field_default(config_class, name):

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from nbddp.errors import UsageError
 from nbddp.runtime import context
 from nbddp.runtime.context import DistributedContext, init_distributed
 
@@ -400,6 +401,28 @@ def test_resume_without_a_complete_checkpoint_starts_over_and_says_so(tmp_path, 
 
 
 def test_a_checkpoint_from_another_world_size_is_resumed_with_a_warning(tmp_path, capsys):
-    trainer = resumable_output(tmp_path)
+    trainer = resumable_output(tmp_path)  # its marker predates global_batch
     DistributedContext(world_size=2, resume=True).checkpoint_to_resume(trainer)  # no group: nothing to broadcast
     assert "was written by 1 processes, this run has 2" in capsys.readouterr().err
+
+
+def laid_out_output(tmp_path, global_batch):
+    from nbddp import checkpoint_markers
+    from nbddp.runtime.batch_plan import plan
+
+    (tmp_path / "checkpoint-4").mkdir()
+    checkpoint_markers.mark_complete(tmp_path / "checkpoint-4", 4, world_size=1, global_batch=global_batch)
+    return SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), nbddp_batch_plan=plan(2, 4, 2, "notebook")))
+
+
+def test_the_same_global_batch_on_other_processes_resumes_quietly(tmp_path, capsys):
+    trainer = laid_out_output(tmp_path, global_batch=8)
+    assert DistributedContext(world_size=2, resume=True).checkpoint_to_resume(trainer) == str(tmp_path / "checkpoint-4")
+    assert capsys.readouterr().err == ""
+
+
+def test_a_checkpoint_of_another_global_batch_is_refused(tmp_path):
+    trainer = laid_out_output(tmp_path, global_batch=16)  # e.g. written under --batch_layout per-device
+    with pytest.raises(UsageError, match=r"checkpoint-4 was trained with a global batch of 16 rows per step, this "
+                                         r"run's is 8 .*resuming would change the training in mid-run"):
+        DistributedContext(world_size=2, resume=True).checkpoint_to_resume(trainer)
