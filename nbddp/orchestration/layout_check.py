@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.orchestration.metrics import read_metrics
-
-BATCH_LAYOUT = "batch_layout"  # the script's parameter (nbddp's own, export/parameters.py)
+from nbddp.orchestration.parameters import BATCH_LAYOUT
 CPU_TOLERANCE = 1e-4
 GPU_TOLERANCE = 1e-3
 PLAN_PROCESSES = "NBDDP_PLAN_PROCESSES"

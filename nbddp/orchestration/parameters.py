@@ -19,11 +19,10 @@ import yaml
 from nbddp.errors import NbddpError, NotebookError, UsageError
 from nbddp.export.parameters import NBDDP_PARAMETERS  # the parameters export adds to every script
 from nbddp.orchestration import environment
-from nbddp.runtime import training_overrides
+from nbddp.runtime import batch_plan, training_overrides
 
 PARAMETERS_TAG = "parameters"
 BATCH_LAYOUT = "batch_layout"  # nbddp's own parameter: how N processes share the notebook's batch
-BATCH_LAYOUTS = ("notebook", "per-device", "auto")
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
 CHECK_TIMEOUT_S = 300  # the --set check's child: importing transformers and trl, seconds
@@ -168,11 +167,11 @@ def batch_layout_flags(batch_layout):
 
 def checked_batch_layout(text):
     """A `--batch-layout` value: notebook, per-device, auto, or a micro batch size N (the runtime's batch_plan)."""
-    word = text.strip().lower()
-    if word in BATCH_LAYOUTS or (word.isdigit() and int(word) >= 1):
-        return word
-    raise UsageError(f"--batch-layout {text}: expected one of {', '.join(BATCH_LAYOUTS)} or a micro batch size "
-                     "(a whole number from 1)")
+    try:
+        return str(batch_plan.parse_layout(text))  # the runtime's reading, which the script applies
+    except UsageError:
+        raise UsageError(f"--batch-layout {text}: expected one of {', '.join(batch_plan.LAYOUTS)} or a micro batch "
+                         "size (a whole number from 1)") from None
 
 
 def check_overrides(groups, environ=None):

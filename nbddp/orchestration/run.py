@@ -53,19 +53,19 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     if "output_dir" in defaults and "output_dir" not in user:
         train["output_dir"] = str(output_dir)
     logs = run_dir / "logs"
-    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs,
-                              extra_env=smoke.output_dir_environment(defaults, output_dir) | overrides_env)
+    launch_env = smoke.output_dir_environment(defaults, output_dir) | overrides_env
+    plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs, extra_env=launch_env)
     # The smoke run takes the user's values except the run length and output_dir, which are the training
     # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
     smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
     check = None
-    if user.get(layout_check.BATCH_LAYOUT) == "auto":
+    if user.get(parameters.BATCH_LAYOUT) == "auto":
         processes = options.processes(os.environ) * options.nnodes  # the world torchrun will run
         check = layout_check.prove(notebook, script, defaults, smoke_user, visible, timeout, run_dir, overrides_env,
                                    processes)
-        train[layout_check.BATCH_LAYOUT] = check.launch_layout()
+        train[parameters.BATCH_LAYOUT] = check.launch_layout()
         plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs,
-                                  extra_env=smoke.output_dir_environment(defaults, output_dir) | overrides_env)
+                                  extra_env=launch_env)  # planned before the smoke runs too: bad flags fail first
     else:
         smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke", overrides_env)
     print(f"launch: {plan.describe()}", flush=True)

@@ -48,7 +48,7 @@ def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeou
     overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
     run_dir = new_run_dir("smoke", runs_root)
-    if user.get(layout_check.BATCH_LAYOUT) == "auto":  # both layouts, compared: what `run` would launch
+    if user.get(parameters.BATCH_LAYOUT) == "auto":  # both layouts, compared: what `run` would launch
         layout_check.prove(notebook, script, defaults, user, visible, timeout, run_dir, overrides_env,
                            launch.LaunchOptions().processes(os.environ))
         return None

@@ -107,7 +107,7 @@ def _decide(trainer, plan, rows, current, budget) -> tuple[str | None, Candidate
     seq_len = len(rows[0]["input_ids"])
     candidates = _candidates(trainer.model, plan, seq_len, current, _lora_r(trainer.model),
                              transformers_peft=not real_unsloth_imported())
-    chosen = choose(candidates, plan, current, budget, seq_len)
+    chosen = choose(candidates, budget, seq_len)
     if chosen is not None and (chosen.micro_batch, chosen.mode) != (plan.micro_batch, current):
         return None, chosen
     if plan.layout.isdigit():
@@ -141,8 +141,7 @@ def _update_checkpointing_choice(trainer, chosen) -> None:
             callback.choice, callback.estimate_gib = choice, chosen.estimate_gib
 
 
-def choose(candidates: list[Candidate], plan: BatchPlan, current: str, budget_gib: float,
-           seq_len: int) -> Candidate | None:
+def choose(candidates: list[Candidate], budget_gib: float, seq_len: int) -> Candidate | None:
     """The fullest micro batch up to SATURATED_TOKENS, then the cheapest mode, then the fuller, within the budget;
     None when nothing fits (the plan's own layout is kept then)."""
     fitting = [c for c in candidates if c.estimate_gib <= budget_gib]

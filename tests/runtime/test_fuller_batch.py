@@ -1,29 +1,24 @@
 """`--batch_layout auto`: the choice, the layout a trainer then trains with, the probe's fallback."""
-import json
-
 import pytest
 import torch
 
 from nbddp.runtime import fuller_batch, hf_backend
-from nbddp.runtime.batch_plan import plan
 from nbddp.runtime.context import DistributedContext
 from nbddp.runtime.fuller_batch import SATURATED_TOKENS, Candidate, choose
 
 
 def test_the_fullest_micro_batch_that_fits_then_the_cheapest_checkpointing():
-    notebook = plan(2, 4, 1, "auto")
     candidates = [Candidate(b, mode, gib) for b, mode, gib in [
         (2, "off", 10), (2, "unsloth", 6), (4, "off", 18), (4, "unsloth", 7), (8, "off", 34), (8, "unsloth", 9)]]
-    assert choose(candidates, notebook, "unsloth", budget_gib=40, seq_len=512) == candidates[4]  # 8, off
-    assert choose(candidates, notebook, "unsloth", budget_gib=20, seq_len=512) == candidates[5]  # 8, recompute
-    assert choose(candidates, notebook, "unsloth", budget_gib=5, seq_len=512) is None
+    assert choose(candidates, budget_gib=40, seq_len=512) == candidates[4]  # 8, off
+    assert choose(candidates, budget_gib=20, seq_len=512) == candidates[5]  # 8, recompute
+    assert choose(candidates, budget_gib=5, seq_len=512) is None
 
 
 def test_past_a_saturated_micro_batch_cheaper_recompute_wins():
-    notebook = plan(2, 8, 1, "auto")
     seq_len = SATURATED_TOKENS // 4  # micro batch 4 is already saturated
     candidates = [Candidate(4, "off", 30), Candidate(16, "unsloth", 30), Candidate(16, "off", 90)]
-    assert choose(candidates, notebook, "unsloth", budget_gib=40, seq_len=seq_len) == candidates[0]
+    assert choose(candidates, budget_gib=40, seq_len=seq_len) == candidates[0]
 
 
 @pytest.fixture
