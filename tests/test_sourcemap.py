@@ -26,6 +26,16 @@ def test_a_block_that_grew_maps_its_extra_lines_to_its_last_original_line():
     assert lines == [1, 1, 1, 2]
 
 
+def test_a_moved_line_maps_to_where_it_was():
+    # hoist-unsloth-import moves the unsloth import above the first transformers import, even to the top
+    original = "from transformers import TrainingArguments\nfrom unsloth import FastVisionModel\nx = 1"
+    rewritten = "from unsloth import FastVisionModel\nfrom transformers import TrainingArguments\nx = 1"
+    assert [origin[2] for origin in align_origins(original, rewritten, HERE)] == [2, 1, 3]
+    original = "import torch\nfrom transformers import X\nfrom unsloth import Y\nprint(1)"
+    rewritten = "import torch\nfrom unsloth import Y\nfrom transformers import X\nif ddp.is_main_process:\n    print(1)"
+    assert [origin[2] for origin in align_origins(original, rewritten, HERE)][:3] == [1, 3, 2]
+
+
 def test_first_line_of_each_cell_points_at_its_first_source_line():
     cells = [
         GeneratedCell("markdown", "header", [None]),

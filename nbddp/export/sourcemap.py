@@ -8,17 +8,25 @@ from nbddp.export.rewrites.base import CellLocation
 def align_origins(original: str, rewritten: str, location: CellLocation) -> list:
     """The origin of each line of `rewritten`, by difflib alignment of stripped lines with `original`.
 
-    Unchanged lines map to themselves; lines a rewrite changed map to the line they replace (the
-    block's last line when it grew); lines nbddp added map to the nearest original line above, or
-    None at the top of the cell.
+    Unchanged lines map to themselves; lines a rewrite moved (an import hoisted above another) map to
+    where they were; lines a rewrite changed map to the line they replace (the block's last line when it
+    grew); lines nbddp added map to the nearest original line above, or None at the top of the cell.
     """
     old_lines = [line.strip() for line in original.splitlines()]
     new_lines = [line.strip() for line in rewritten.splitlines()]
+    opcodes = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False).get_opcodes()
+    # Lines that left their place: difflib sees a move as an insert here and a delete (or replace) there.
+    left = {}
+    for tag, i1, i2, _, _ in opcodes:
+        if tag in ("delete", "replace"):
+            for index in range(i1, i2):
+                left.setdefault(old_lines[index], []).append(index + 1)
     origin: list = []
-    matcher = difflib.SequenceMatcher(None, old_lines, new_lines, autojunk=False)
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes:
         for offset in range(j2 - j1):
-            if tag == "insert":
+            if tag != "equal" and left.get(new_lines[j1 + offset]):
+                line = left[new_lines[j1 + offset]].pop(0)
+            elif tag == "insert":
                 line = i1  # 1-based number of the original line just above (0: none)
             else:  # equal or replace; a delete has no new lines
                 line = min(i1 + offset, i2 - 1) + 1
