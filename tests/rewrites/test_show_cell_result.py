@@ -21,6 +21,11 @@ def test_the_last_expression_is_shown_once():
     assert changes == [(2, f"tokenizer.batch_decode(outputs) {SHOWN}")]
 
 
+def test_a_bare_tuple_is_shown_as_one_value():
+    assert_rewrites(ShowCellResult, "ok, info\n", "ddp.show((ok, info))\n")
+    assert_rewrites(ShowCellResult, "(ok, info)\n", "ddp.show((ok, info))\n")
+
+
 def test_only_the_last_statement_and_only_at_the_top_level():
     assert_rewrites(ShowCellResult, "dataset[0]\nx = 1; dataset[5]\n", "dataset[0]\nx = 1; ddp.show(dataset[5])\n")
     assert_unchanged(ShowCellResult, "for row in rows:\n    row\n")

@@ -51,7 +51,10 @@ class ShowCellResult(Rewrite):
         self.record(original_node.body[-1],
                     f"{_brief(code_of(last.value))} is shown once unless None, as Jupyter shows a cell's last value")
         statement = updated_node.body[-1]
-        shown = last.with_changes(value=ddp_call("show", last.value))
+        value = last.value
+        if isinstance(value, cst.Tuple) and not value.lpar:  # `ok, info` is one value, a tuple: one argument
+            value = value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+        shown = last.with_changes(value=ddp_call("show", value))
         statement = statement.with_changes(body=[*statement.body[:-1], shown])
         return updated_node.with_changes(body=[*updated_node.body[:-1], statement])
 
