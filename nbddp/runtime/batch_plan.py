@@ -151,6 +151,16 @@ def plan(micro_batch: int, accumulation: int, processes: int, layout, running: i
     return BatchPlan(layout, b, a, **notebook, warning=warning)
 
 
+def one_gpu_grpo_micro_batch(micro_batch: int, accumulation: int, num_generations: int | None,
+                             generation_batch_size: int | None, steps_per_generation: int | None) -> int:
+    """The micro batch a GRPO notebook trains with on one GPU: Unsloth's GRPOConfig raises it to num_generations
+    when micro x accumulation is not a multiple of it and neither generation setting is given
+    (unsloth/models/rl.py, `check_num_generations`); the notebook's own otherwise."""
+    if not num_generations or generation_batch_size or steps_per_generation:
+        return micro_batch
+    return micro_batch if (micro_batch * accumulation) % num_generations == 0 else num_generations
+
+
 def generation_batch_problem(plan_: BatchPlan, num_generations: int | None, generation_batch_size: int | None,
                              steps_per_generation: int | None) -> str | None:
     """What to say when GRPO's generation batch under `plan_` is not a multiple of `num_generations` (TRL refuses

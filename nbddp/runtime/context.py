@@ -162,20 +162,24 @@ class DistributedContext:
     def training_args(self, config_class):
         """For a notebook's `SFTConfig(...)` (any TrainingArguments-family config), which export writes as
         `ddp.training_args(SFTConfig)(...)`: the config built with the `--set` overrides (training_overrides) and
-        the batch laid out for this run's processes (batch_plan, `--batch_layout`); rank 0 prints the layout."""
+        the batch laid out for this run's processes (batch_plan, `--batch_layout`), bf16 off on a CPU unless given;
+        rank 0 prints the layout."""
 
         @functools.wraps(config_class)
         def build(*args, **kwargs):
             from nbddp.runtime import training_overrides
 
             kwargs, notes = training_overrides.apply(config_class, kwargs, training_overrides.from_environment())
+            if not self.on_gpu:  # TRL's configs turn bf16 on when it is not given, which a CPU cannot run
+                kwargs.setdefault("bf16", False)
             micro_batch, accumulation = (kwargs.get(name, _field_default(config_class, name))
                                          for name in ("per_device_train_batch_size", "gradient_accumulation_steps"))
-            plan = batch_plan.plan(micro_batch, accumulation, self._planned_processes(), self.batch_layout,
+            generation = [kwargs.get(name, _field_default(config_class, name))
+                          for name in ("num_generations", "generation_batch_size", "steps_per_generation")]
+            grouped = batch_plan.one_gpu_grpo_micro_batch(micro_batch, accumulation, *generation)
+            plan = batch_plan.plan(grouped, accumulation, self._planned_processes(), self.batch_layout,
                                    running=self.world_size)
-            problem = batch_plan.generation_batch_problem(
-                plan, *(kwargs.get(name, _field_default(config_class, name))
-                        for name in ("num_generations", "generation_batch_size", "steps_per_generation")))
+            problem = batch_plan.generation_batch_problem(plan, *generation)
             if problem:
                 raise UsageError(f"{config_class.__name__}: {problem}")
             kwargs.update(per_device_train_batch_size=plan.micro_batch, gradient_accumulation_steps=plan.accumulation_here)
@@ -186,6 +190,9 @@ class DistributedContext:
                 name = config_class.__name__
                 for note in notes:
                     print(f"nbddp: {name}: --set {note}", flush=True)
+                if grouped != micro_batch:
+                    print(f"nbddp: {name}: per_device_train_batch_size {micro_batch} -> {grouped} on one device, a "
+                          f"multiple of num_generations={generation[0]}, as Unsloth sets it", flush=True)
                 print(f"nbddp: {name}: {plan.describe()}", flush=True)
                 if plan.warning:
                     print(f"nbddp: warning: {name}: {plan.warning}", file=sys.stderr, flush=True)

@@ -4,7 +4,7 @@ from nbddp.errors import UsageError
 from types import SimpleNamespace
 
 from nbddp.runtime import batch_plan
-from nbddp.runtime.batch_plan import generation_batch_problem, parse_layout, plan
+from nbddp.runtime.batch_plan import generation_batch_problem, one_gpu_grpo_micro_batch, parse_layout, plan
 
 
 def layout(p):
@@ -90,3 +90,15 @@ def test_arguments_a_trainer_rebuilt_find_their_plan_again():
     other = SimpleNamespace(per_device_train_batch_size=16, gradient_accumulation_steps=3)
     assert batch_plan.of(kept) is made and batch_plan.of(rebuilt) is made and rebuilt.nbddp_batch_plan is made
     assert batch_plan.of(other) is None
+
+
+def test_grpo_on_two_processes_splits_the_batch_unsloth_trains_on_one_gpu():
+    # Gemma3_(1B)-GRPO: 1 x 1 and num_generations=6; Unsloth trains 6 x 1 on one GPU
+    assert one_gpu_grpo_micro_batch(1, 1, 6, None, None) == 6
+    two = plan(one_gpu_grpo_micro_batch(1, 1, 6, None, None), 1, 2, "notebook")
+    assert (two.micro_batch, two.accumulation_here, two.global_batch) == (3, 1, 6)
+    assert generation_batch_problem(two, 6, None, None) is None
+    # already a multiple, or a generation setting given: the notebook's own
+    assert one_gpu_grpo_micro_batch(2, 3, 6, None, None) == 2
+    assert one_gpu_grpo_micro_batch(1, 1, 6, None, 2) == 1
+    assert one_gpu_grpo_micro_batch(4, 1, None, None, None) == 4

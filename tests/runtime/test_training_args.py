@@ -55,12 +55,24 @@ def test_grpo_generation_batch_must_hold_num_generations():
     with pytest.raises(UsageError, match=r"GRPOConfig: GRPO's generation batch would be 6 completions .* "
                                          r"num_generations=4"):
         ddp.training_args(GRPOConfig)(output_dir="out", use_cpu=True, bf16=False, per_device_train_batch_size=3,
-                                      gradient_accumulation_steps=1, num_generations=4)
+                                      gradient_accumulation_steps=1, num_generations=4, steps_per_generation=1)
     # One process here (GRPOConfig counts the processes of the real group): 4 x 2 generates 8 completions.
     kept = DistributedContext(world_size=1).training_args(GRPOConfig)(
         output_dir="out", use_cpu=True, bf16=False, per_device_train_batch_size=4, gradient_accumulation_steps=2,
         num_generations=8)
     assert (kept.per_device_train_batch_size, kept.gradient_accumulation_steps, kept.generation_batch_size) == (4, 2, 8)
+
+
+def test_grpo_trains_the_batch_unsloth_gives_it_on_one_gpu(capsys):
+    """Unsloth raises a micro batch of 1 to num_generations=6 on one GPU: that is the notebook's global batch."""
+    from trl import GRPOConfig
+
+    config = DistributedContext(world_size=1).training_args(GRPOConfig)(
+        output_dir="out", use_cpu=True, per_device_train_batch_size=1, gradient_accumulation_steps=1,
+        num_generations=6)
+    assert (config.per_device_train_batch_size, config.nbddp_batch_plan.global_batch) == (6, 6)
+    assert ("nbddp: GRPOConfig: per_device_train_batch_size 1 -> 6 on one device, a multiple of num_generations=6, "
+            "as Unsloth sets it") in capsys.readouterr().out
 
 
 def test_a_smoke_run_can_train_as_the_torchrun_run_will(monkeypatch, capsys):
@@ -72,3 +84,14 @@ def test_a_smoke_run_can_train_as_the_torchrun_run_will(monkeypatch, capsys):
     monkeypatch.setenv("NBDDP_PLAN_PROCESSES", "two")
     with pytest.raises(UsageError, match="NBDDP_PLAN_PROCESSES='two'"):
         build(1)
+
+
+def test_on_a_cpu_bf16_is_off_unless_the_notebook_sets_it():
+    from trl import SFTConfig
+
+    ddp = DistributedContext(world_size=1)
+    assert not ddp.on_gpu
+    # SFTConfig alone turns bf16 on and then refuses: "Your setup doesn't support bf16/gpu"
+    with pytest.raises(ValueError, match="bf16"):
+        SFTConfig(output_dir="out", report_to="none")
+    assert ddp.training_args(SFTConfig)(output_dir="out", report_to="none").bf16 is False
