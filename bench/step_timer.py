@@ -123,6 +123,14 @@ class Report:
         self.data["t_train_called_s"] = time.time() - self.t0
         if self.ddp_overrides:
             self._apply_ddp_overrides(trainer)
+            wrap_model = trainer._wrap_model
+
+            def wrap_then_override(*args, **kwargs):  # transformers 4.x makes a new ddp_handler here, in train()
+                model = wrap_model(*args, **kwargs)
+                self._apply_ddp_overrides(trainer)
+                return model
+
+            trainer._wrap_model = wrap_then_override
         for name in self.remove_callbacks:
             self._remove_callback(trainer, name)
         fetch = trainer.get_batch_samples

@@ -100,6 +100,8 @@ def tokenizer_config(vocab):
         "bos_token": BOS,
         "clean_up_tokenization_spaces": False,
         "eos_token": EOS,
+        "model_input_names": ["input_ids", "attention_mask"],  # as Llama's: no token_type_ids, which
+        # transformers 4.x's PreTrainedTokenizerFast returns by default and LlamaForCausalLM.generate refuses
         "model_max_length": MAX_LENGTH,
         "pad_token": PAD,
         "padding_side": "right",

@@ -69,6 +69,11 @@ def test_special_tokens(tokenizer):
     assert tokenizer.padding_side == "right"
 
 
+def test_the_tokenizer_returns_what_a_llama_takes(tokenizer):
+    # transformers 4.x's PreTrainedTokenizerFast adds token_type_ids by default, which generate() refuses.
+    assert sorted(tokenizer("the cat", return_tensors="pt")) == ["attention_mask", "input_ids"]
+
+
 def test_a_formatted_row_round_trips(tokenizer):
     row = rows()[0]
     text = load_builder().ALPACA_PROMPT.format(row["instruction"], row["input"], row["output"]) + tokenizer.eos_token

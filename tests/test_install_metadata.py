@@ -20,9 +20,9 @@ def project():
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
-def requirements_pins() -> dict[str, str]:
+def requirements_pins(name="requirements.txt") -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==")
@@ -48,6 +48,15 @@ def test_requirements_txt_pins_satisfy_the_ranges():
     What it does not pin (huggingface-hub, httpx: Transformers' own requirements) pip takes within the range."""
     requirements = project()["dependencies"] + project()["optional-dependencies"]["dev"]
     assert check_stack(requirements_pins(), requirements, complete=False) == []
+
+
+def test_the_notebooks_stack_satisfies_the_ranges():
+    """requirements-notebooks.txt: the transformers 4.56.2 / trl 0.22.2 stack Unsloth's notebooks pin, the rest as
+    requirements.txt (the same names, so nothing is left for pip to pick differently)."""
+    pins = requirements_pins("requirements-notebooks.txt")
+    assert (pins["transformers"], pins["trl"], pins["huggingface-hub"]) == ("4.56.2", "0.22.2", "0.35.3")
+    assert set(requirements_pins()) <= set(pins)
+    assert check_stack(pins, project()["dependencies"], complete=False) == []
 
 
 def test_gpu_host_versions_satisfy_the_ranges():

@@ -172,11 +172,14 @@ def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:
     from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck  # imports transformers: after Unsloth
 
     if choice.mode == "off" and trainer.args.gradient_checkpointing:
-        # Trainer.train() would enable it on the model. Unsloth's own trainers do the same for a config left at
-        # TRL's default; the Transformers+PEFT fallback needs it here, with the input-gradient hook that TRL
-        # adds for checkpointing taken off again.
+        # Trainer.train() would enable it on the model (TRL 0.x's trainers already did, in their __init__).
+        # Unsloth's own trainers do the same for a config left at TRL's default; the Transformers+PEFT fallback
+        # needs it here, with the input-gradient hook that TRL adds for checkpointing taken off again.
         trainer.args.gradient_checkpointing = False
-        trainer.model.disable_input_require_grads()
+        if trainer.model.is_gradient_checkpointing:
+            trainer.model.gradient_checkpointing_disable()
+        if hasattr(trainer.model, "_require_grads_hook"):  # transformers 4.x fails without one to remove
+            trainer.model.disable_input_require_grads()
         if _is_rank0():
             print("nbddp: the trainer's gradient_checkpointing turned off, as use_gradient_checkpointing chose",
                   flush=True)

@@ -1,4 +1,4 @@
-"""The keyword arguments that Unsloth lets `trl.SFTTrainer` take, for the hf backend.
+"""The keyword arguments that Unsloth lets TRL's trainers take, for the hf backend.
 
 Notebooks from Unsloth's era build their trainer like this:
 
@@ -7,25 +7,63 @@ Notebooks from Unsloth's era build their trainer like this:
         dataset_text_field="text", max_seq_length=2048, dataset_num_proc=2, packing=False,
         args=TrainingArguments(per_device_train_batch_size=2, max_steps=60, ...),
     )
+    dpo_trainer = DPOTrainer(model=model, ref_model=None, tokenizer=tokenizer, beta=0.1, max_length=1024,
+                             args=DPOConfig(...), train_dataset=...)
 
-Since TRL 0.13 (ours is 1.14), `SFTTrainer` takes none of `dataset_text_field`, `max_seq_length`, `packing` or
-`dataset_num_proc`: they are `SFTConfig` fields, and `max_seq_length` is now `max_length`; `tokenizer` is now
-`processing_class`. Importing Unsloth patches every TRL trainer to move such arguments into its config
-(unsloth/trainer.py, `_patch_trl_trainer` and `_backwards_compatible_trainer`), so these notebooks run there. On the
-hf backend nothing imports Unsloth, so `patch_sft_trainer(SFTTrainer, SFTConfig)` makes the same move.
-Unsloth's own `SFTConfig` also takes `max_seq_length=` (its compiled `UnslothSFTConfig`), which TRL's refuses;
-`patch_sft_config(SFTConfig)` lets it set `max_length` there too.
+Since TRL 0.13, the trainers take none of `dataset_text_field`, `max_seq_length`, `beta`, ...: they are fields of
+the trainer's config (`max_seq_length` is now `max_length`), and `tokenizer` is now `processing_class`. Importing
+Unsloth patches every TRL trainer to move such arguments into its config (unsloth/trainer.py,
+`_patch_trl_trainer` and `_backwards_compatible_trainer`), so these notebooks run there. On the hf backend nothing
+imports Unsloth, so `patch_trl()` makes the same move for the trainers the notebooks use (SFT, GRPO, DPO, ORPO),
+takes a list of rows as a dataset, and lets their configs take the keywords Transformers 5 and TRL 1.x renamed (`config_keywords`). Unsloth's own
+`SFTConfig` also takes `max_seq_length=` (its compiled `UnslothSFTConfig`), which TRL's refuses; `patch_sft_config`
+lets it set `max_length` there too.
 
-The notebook's `args` are kept as they are: the config is built from `args.to_dict()`, as TRL itself converts a
-plain `TrainingArguments`, so a value the author left unset keeps its `TrainingArguments` default (learning rate
-5e-5, no gradient checkpointing, logging every 500 steps, bf16 off) rather than taking `SFTConfig`'s.
+A plain `TrainingArguments` is converted as TRL itself converts one, from `args.to_dict()`, so a value the author
+left unset keeps its `TrainingArguments` default (learning rate 5e-5, no gradient checkpointing, logging every 500
+steps, bf16 off) rather than taking the config's. The trainer's own config is kept, with the moved values set on
+it, as Unsloth does: building it again would run its checks again (GRPOConfig refuses the generation batch it
+derived itself).
 """
+import dataclasses
 import functools
+import importlib
 import inspect
+import warnings
+
+from nbddp.errors import UsageError
+from nbddp.runtime import config_keywords
+
+# (module, trainer, config) of the trainers Unsloth's notebooks build; those not importable here are skipped.
+TRAINERS = (
+    ("trl", "SFTTrainer", "SFTConfig"),
+    ("trl", "GRPOTrainer", "GRPOConfig"),
+    ("trl", "DPOTrainer", "DPOConfig"),
+    ("trl", "ORPOTrainer", "ORPOConfig"),  # TRL 0.x
+    ("trl.experimental.orpo", "ORPOTrainer", "ORPOConfig"),  # TRL 1.x
+)
+MOVED_TO_EXPERIMENTAL = {"ORPOConfig": "trl.experimental.orpo", "ORPOTrainer": "trl.experimental.orpo"}
 
 
-def patch_sft_trainer(trainer_class, config_class) -> None:
-    """Let `trainer_class.__init__` (`trl.SFTTrainer`) take Unsloth's keyword arguments; patching twice is once."""
+def patch_trl() -> None:
+    """Patch the trainers and configs of TRAINERS (see the module's docstring), and make `from trl import
+    ORPOTrainer` a UsageError saying where TRL 1.x moved it. Patching twice is once."""
+    import trl
+
+    for module_name, trainer_name, config_name in TRAINERS:
+        module = _import(module_name)
+        if module is None or trainer_name not in dir(module):
+            continue
+        config_class = getattr(module, config_name)
+        patch_trainer(getattr(module, trainer_name), config_class)
+        config_keywords.patch_config(config_class)
+    patch_sft_config(trl.SFTConfig)
+    refuse_moved_names(trl)
+
+
+def patch_trainer(trainer_class, config_class) -> None:
+    """Let `trainer_class.__init__` (a TRL trainer) take Unsloth's keyword arguments, moving those it does not name
+    into its `args`, a `config_class`; patching twice is once."""
     original = trainer_class.__init__
     if getattr(original, "nbddp_takes_unsloth_arguments", False):
         return
@@ -33,18 +71,45 @@ def patch_sft_trainer(trainer_class, config_class) -> None:
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
-        if "tokenizer" in kwargs:
+        if "tokenizer" in kwargs and "processing_class" in trainer_parameters:
             kwargs["processing_class"] = kwargs.pop("tokenizer")
+        for name in ("train_dataset", "eval_dataset"):
+            if isinstance(kwargs.get(name), (list, tuple)):  # the vision notebooks' rows: TRL 1.x wants a Dataset
+                kwargs[name] = datasets_from_rows(kwargs[name])
         config_arguments = {name: kwargs.pop(name) for name in list(kwargs) if name not in trainer_parameters}
         training_args = kwargs.get("args")
         if config_arguments and training_args is not None:
-            kwargs["args"] = config_from(config_class, training_args, config_arguments)
-        else:  # nothing to move, or no config to move it into: TRL's own TypeError names the argument
-            kwargs.update(config_arguments)
+            kwargs["args"] = with_config_arguments(config_class, training_args, config_arguments)
+        elif config_arguments:
+            _refuse_without_config(trainer_class, config_class, config_arguments)
+            kwargs.update(config_arguments)  # none of them a config's: TRL's own TypeError names them
         original(self, *args, **kwargs)
 
     __init__.nbddp_takes_unsloth_arguments = True
     trainer_class.__init__ = __init__
+
+
+def datasets_from_rows(rows):
+    """A `datasets.Dataset` of `rows` (dicts), as Unsloth lets SFTTrainer and GRPOTrainer take a list
+    (unsloth/models/rl.py, `_allow_list_train_dataset`) where TRL 1.10+ refuses one. PIL images inside messages
+    are stored as Arrow's {"bytes", "path"}, which the fallback's vision collator decodes (hf_vision)."""
+    from datasets import Dataset
+
+    return Dataset.from_list(list(rows))
+
+
+def with_config_arguments(config_class, training_args, config_arguments: dict):
+    """`training_args` with `config_arguments` (Unsloth's names) set: on it when it is a `config_class` already, else
+    on a `config_class` built from it (`config_from`)."""
+    if not isinstance(training_args, config_class):
+        return config_from(config_class, training_args, config_arguments)
+    arguments = config_keywords.forward(config_class, _trl_names(config_class, config_arguments))
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    for name, value in arguments.items():
+        if name not in fields:  # what building the config with it would say
+            raise TypeError(f"{config_class.__name__}.__init__() got an unexpected keyword argument {name!r}")
+        setattr(training_args, name, value)
+    return training_args
 
 
 def config_from(config_class, training_args, config_arguments: dict):
@@ -53,10 +118,7 @@ def config_from(config_class, training_args, config_arguments: dict):
     # to_dict masks every `*_token` field ("<HUB_TOKEN>"; SFTConfig's eos_token and pad_token too); TRL restores
     # hub_token the same way when it converts TrainingArguments itself.
     values.update({name: getattr(training_args, name) for name in values if name.endswith("_token")})
-    config_arguments = dict(config_arguments)
-    if "max_seq_length" in config_arguments:  # TRL renamed it; Unsloth sets max_length from it
-        config_arguments["max_length"] = config_arguments.pop("max_seq_length")
-    config = config_class(**{**values, **config_arguments})
+    config = config_class(**{**values, **_trl_names(config_class, config_arguments)})
     if hasattr(training_args, "nbddp_batch_plan"):  # ddp.training_args's layout (batch_plan) goes with it
         config.nbddp_batch_plan = training_args.nbddp_batch_plan
     return config
@@ -79,3 +141,69 @@ def patch_sft_config(config_class) -> None:
 
     __init__.nbddp_takes_max_seq_length = True
     config_class.__init__ = __init__
+
+
+class MovedName(UsageError, ImportError):
+    """`from trl import X` for an X that TRL 1.x moved. An ImportError too, which is what a probe for the name
+    expects (training_overrides'): a `getattr(trl, X, None)` gets it rather than None."""
+
+
+def refuse_moved_names(trl) -> None:
+    """Make `from trl import X`, for an X of MOVED_TO_EXPERIMENTAL that this TRL no longer has, a MovedName error
+    that says where it is. Unsloth leaves these names out of `trl` too (it patches trl.experimental's classes where
+    they are), so such a notebook fails under Unsloth with an ImportError that does not."""
+    moved = {name: module for name, module in MOVED_TO_EXPERIMENTAL.items() if name not in dir(trl)}
+    if not moved or getattr(vars(trl).get("__getattr__"), "nbddp_refuses_moved_names", False):
+        return
+    lazy_getattr = getattr(type(trl), "__getattr__", None)  # TRL's lazy module loads its names on first use
+
+    def __getattr__(name):
+        if name in moved:
+            names = ", ".join(sorted(other for other, module in moved.items() if module == moved[name]))
+            raise MovedName(
+                f"`from trl import {name}`: TRL 1.x moved {name} to {moved[name]} (trl {trl.__version__} is installed), "
+                f"and Unsloth does not put it back. Import it from there (`from {moved[name]} import {names}`), or "
+                f"run the notebook on the stack it was written for (transformers==4.56.2, trl==0.22.2: "
+                f"requirements-notebooks.txt).")
+        if lazy_getattr is None:
+            raise AttributeError(f"module 'trl' has no attribute {name!r}")
+        return lazy_getattr(trl, name)
+
+    __getattr__.nbddp_refuses_moved_names = True
+    trl.__getattr__ = __getattr__  # a module's own __getattr__ (PEP 562) is asked before its class's
+
+
+def _refuse_without_config(trainer_class, config_class, config_arguments) -> None:
+    """UsageError for the first of `config_arguments` that is a setting of `config_class` (by its name, or by the
+    name it had): with no `args=` there is no config to move it into, and Unsloth passes it on to fail in TRL."""
+    trainer, config = trainer_class.__name__, config_class.__name__
+    for key in config_arguments:
+        name = key if key in _unsloth_only(config_class) else config_keywords.current_name(config_class, key)
+        if name is not None:
+            raise UsageError(
+                f"{trainer}({key}=...): `{key}` is a setting of {config}, not an argument of {trainer}, and this "
+                f"{trainer} has no `args=` to move it into (Unsloth moves it only into a config you pass). Pass it in "
+                f"the config: {trainer}(..., args={config}({name}=..., ...)).")
+
+
+def _trl_names(config_class, config_arguments: dict) -> dict:
+    """`config_arguments` with `max_seq_length` as TRL names it, `max_length` (Unsloth sets one from the other)."""
+    arguments = dict(config_arguments)
+    if "max_seq_length" in _unsloth_only(config_class) and "max_seq_length" in arguments:
+        arguments["max_length"] = arguments.pop("max_seq_length")
+    return arguments
+
+
+def _unsloth_only(config_class) -> set:
+    """Keywords Unsloth's compiled `config_class` adds: `max_seq_length`, where TRL's has only `max_length`."""
+    fields = {field.name for field in dataclasses.fields(config_class)}
+    return {"max_seq_length"} if "max_length" in fields and "max_seq_length" not in fields else set()
+
+
+def _import(module_name):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # trl.experimental warns on import that its APIs may change
+        try:
+            return importlib.import_module(module_name)
+        except ImportError:
+            return None

@@ -211,6 +211,22 @@ def test_a_trainer_keeps_checkpointing_off_when_the_choice_is_off(patched_traine
     assert any(type(callback).__name__ == "FirstStepMemoryCheck" for callback in trainer.callback_handler.callbacks)
 
 
+def test_an_sft_trainer_keeps_checkpointing_off_when_the_choice_is_off(patched_trainer, tiny_model, tmp_path):
+    # TRL 0.x's SFTTrainer turns checkpointing on in its __init__ (SFTConfig's default), before Trainer's runs.
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    choose_gradient_checkpointing("auto", tiny_model, 64, 2)
+    args = SFTConfig(output_dir=str(tmp_path), max_steps=1, use_cpu=True, bf16=False, report_to="none",
+                     per_device_train_batch_size=2)
+    assert args.gradient_checkpointing is True
+    rows = Dataset.from_dict({"input_ids": [[1, 3, 4, 5, 2]] * 4})
+    trainer = SFTTrainer(model=lora(tiny_model, False), args=args, train_dataset=rows)
+    assert not trainer.model.base_model.model.is_gradient_checkpointing
+    trainer.train()  # a checkpointed layer without the input-gradient hook would have no gradient here
+    assert trainer.state.global_step == 1
+
+
 def test_a_trainer_keeps_checkpointing_on_when_chosen(patched_trainer, tiny_model, tmp_path):
     choose_gradient_checkpointing("true", tiny_model, 64, 2)
     trainer = trainer_on(patched_trainer, lora(tiny_model, True), tmp_path)

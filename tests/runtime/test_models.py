@@ -83,7 +83,19 @@ def test_a_hub_id_neither_cached_nor_reachable(hub):
     assert message.endswith("(`hf download acme/tiny`)")
 
 
-def test_offline_mode_is_named(monkeypatch, tmp_path):
+@pytest.fixture
+def fresh_hub_session():
+    """huggingface_hub 0.x reads offline mode once, as it makes its cached HTTP session (1.x on every request):
+    a session an earlier test made must not decide this test's mode, nor this test's the next ones'."""
+    import huggingface_hub.utils
+
+    reset = getattr(huggingface_hub.utils, "reset_sessions", lambda: None)
+    reset()
+    yield
+    reset()
+
+
+def test_offline_mode_is_named(monkeypatch, tmp_path, fresh_hub_session):
     # The real request path: huggingface_hub refuses to send it in offline mode.
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)

@@ -35,10 +35,11 @@ class FusedLossModel(torch.nn.Module):
 
 
 def two_process_trainer():
-    """Just what `Trainer.compute_loss` reads when two DDP processes average tokens across devices."""
+    """Just what `Trainer.compute_loss` reads when two DDP processes average tokens across devices (and, on
+    transformers 4.x, `past_index`: -1, no past state kept)."""
     return SimpleNamespace(
         accelerator=SimpleNamespace(num_processes=2),
-        args=SimpleNamespace(average_tokens_across_devices=True, n_gpu=1),
+        args=SimpleNamespace(average_tokens_across_devices=True, n_gpu=1, past_index=-1),
         model_accepts_loss_kwargs=True,
         label_smoother=None,
         compute_loss_func=None,

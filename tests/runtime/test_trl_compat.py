@@ -1,14 +1,15 @@
-"""Unsloth-era `SFTTrainer(...)` arguments on the hf backend (nbddp/runtime/trl_compat.py)."""
+"""Unsloth-era `SFTTrainer(...)`, `DPOTrainer(...)`, ... arguments on the hf backend (nbddp/runtime/trl_compat.py)."""
 import sys
 
 import pytest
 import torch
 from transformers import TrainingArguments
-from trl import SFTConfig, SFTTrainer
+from trl import DPOConfig, GRPOConfig, SFTConfig, SFTTrainer
 
-from nbddp.runtime import backends
+from nbddp.errors import UsageError
+from nbddp.runtime import backends, training_overrides
 from nbddp.runtime.context import DistributedContext
-from nbddp.runtime.trl_compat import config_from, patch_sft_config, patch_sft_trainer
+from nbddp.runtime.trl_compat import config_from, patch_sft_config, patch_trainer
 
 
 class RecordingTrainer:
@@ -21,7 +22,7 @@ class RecordingTrainer:
 @pytest.fixture
 def trainer_class():
     cls = type("PatchedTrainer", (RecordingTrainer,), {})
-    patch_sft_trainer(cls, SFTConfig)
+    patch_trainer(cls, SFTConfig)
     return cls
 
 
@@ -71,13 +72,63 @@ def test_nothing_to_move_passes_the_arguments_through(trainer_class, tmp_path):
 def test_a_misspelt_argument_is_still_an_error_naming_it(trainer_class, tmp_path):
     with pytest.raises(TypeError, match="dataset_txt_field"):
         trainer_class(model="m", dataset_txt_field="text", args=training_args(tmp_path))
-    with pytest.raises(TypeError, match="dataset_text_field"):  # no args to move it into, as with Unsloth
+    with pytest.raises(TypeError, match="dataset_txt_field"):
+        trainer_class(model="m", dataset_txt_field="text")
+    with pytest.raises(TypeError, match="dataset_txt_field"):  # set on a config of the trainer's own class
+        trainer_class(model="m", dataset_txt_field="text", args=SFTConfig(output_dir=str(tmp_path), bf16=False))
+
+
+def test_a_config_setting_without_args_says_where_it_goes(trainer_class):
+    # Unsloth moves it only into a config passed as args=; without one TRL would fail with a TypeError.
+    with pytest.raises(UsageError, match=r"PatchedTrainer\(dataset_text_field=\.\.\.\): `dataset_text_field` is a setting "
+                                         r"of SFTConfig.*args=SFTConfig\(dataset_text_field=\.\.\., \.\.\.\)"):
         trainer_class(model="m", dataset_text_field="text")
+
+
+class RecordingDPOTrainer:
+    """Stands in for DPOTrainer: its named parameters (none of them `beta`), and it keeps what it was given."""
+
+    def __init__(self, model, ref_model=None, args=None, train_dataset=None, processing_class=None):
+        self.given = {"model": model, "args": args, "train_dataset": train_dataset, "processing_class": processing_class}
+
+
+@pytest.fixture
+def dpo_trainer_class():
+    cls = type("DPOTrainer", (RecordingDPOTrainer,), {})
+    patch_trainer(cls, DPOConfig)
+    return cls
+
+
+def test_a_trainer_keeps_its_own_config_and_gets_the_values_set_on_it(dpo_trainer_class, tmp_path):
+    # Zephyr_(7B)-DPO: DPOTrainer(beta=0.1, max_length=1024, tokenizer=tokenizer, args=DPOConfig(...)).
+    args = DPOConfig(output_dir=str(tmp_path), bf16=False, report_to="none", learning_rate=5e-6)
+    trainer = dpo_trainer_class(model="m", ref_model=None, tokenizer="tok", beta=0.3, max_length=64, args=args)
+    assert trainer.given["args"] is args  # the notebook's own config, as Unsloth keeps it
+    assert (args.beta, args.max_length, args.learning_rate) == (0.3, 64, 5e-6)
+    assert trainer.given["processing_class"] == "tok"
+
+
+def test_a_grpo_config_is_not_built_again(tmp_path):
+    # GRPOConfig derives its generation batch in __post_init__ and then refuses both set: built again from
+    # to_dict() it fails, so the moved values go onto the notebook's config.
+    cls = type("GRPOTrainer", (RecordingTrainer,), {})
+    patch_trainer(cls, GRPOConfig)
+    args = GRPOConfig(output_dir=str(tmp_path), bf16=False, report_to="none", per_device_train_batch_size=2,
+                      num_generations=2)
+    with pytest.raises(ValueError, match="generation_batch_size"):
+        GRPOConfig(**args.to_dict())
+    trainer = cls(model="m", args=args, temperature=0.5)
+    assert trainer.given["args"] is args and args.temperature == 0.5
+
+
+def test_a_dpo_setting_without_args_is_a_usage_error(dpo_trainer_class):
+    with pytest.raises(UsageError, match=r"DPOTrainer\(beta=\.\.\.\).*args=DPOConfig\(beta=\.\.\., \.\.\.\)"):
+        dpo_trainer_class(model="m", ref_model=None, beta=0.1)
 
 
 def test_patching_twice_wraps_once(trainer_class):
     patched = trainer_class.__init__
-    patch_sft_trainer(trainer_class, SFTConfig)
+    patch_trainer(trainer_class, SFTConfig)
     assert trainer_class.__init__ is patched
 
 
@@ -164,3 +215,64 @@ def test_unsloth_style_trainer_trains_on_cpu(hf_backend_active, tiny_model_path,
     assert trainer.accelerator.mixed_precision == "no"
     stats = trainer.train()
     assert trainer.state.global_step == 2 and torch.isfinite(torch.tensor(stats.training_loss))
+
+
+def test_the_trainers_the_notebooks_use_are_patched(hf_backend_active):
+    from trl import DPOTrainer, GRPOTrainer
+
+    for trainer_class, config_class in ((SFTTrainer, SFTConfig), (GRPOTrainer, GRPOConfig), (DPOTrainer, DPOConfig)):
+        assert trainer_class.__init__.nbddp_takes_unsloth_arguments
+        assert config_class.__init__.nbddp_forwards_old_keywords
+
+
+def test_orpo_is_patched_where_trl_has_it_and_a_usage_error_where_it_moved(hf_backend_active):
+    import trl
+
+    if "ORPOTrainer" in dir(trl):  # TRL 0.x, the notebooks' trl==0.22.2
+        from trl import ORPOConfig, ORPOTrainer
+    else:  # TRL 1.x: Llama3_(8B)-ORPO's `from trl import ORPOConfig, ORPOTrainer` would be an ImportError
+        with pytest.raises(UsageError, match=r"`from trl import ORPOConfig`: TRL 1\.x moved ORPOConfig to "
+                                             r"trl\.experimental\.orpo .*`from trl\.experimental\.orpo import "
+                                             r"ORPOConfig, ORPOTrainer`.*trl==0\.22\.2"):
+            from trl import ORPOConfig  # noqa: F401
+        from trl.experimental.orpo import ORPOConfig, ORPOTrainer
+    assert ORPOTrainer.__init__.nbddp_takes_unsloth_arguments and ORPOConfig.__init__.nbddp_forwards_old_keywords
+    # what probes for the names (--set's list of configs) still finds the configs there are
+    assert ORPOConfig in training_overrides.config_classes()
+    from trl import SFTConfig as still_there  # the other names load as before
+
+    assert still_there is SFTConfig
+
+
+def test_an_unsloth_style_dpo_trainer_trains_on_cpu(hf_backend_active, tiny_model_path, tmp_path):
+    # Zephyr_(7B)-DPO's trainer: beta, max_length and tokenizer on DPOTrainer, warmup_ratio in DPOConfig.
+    from datasets import Dataset
+    from trl import DPOTrainer
+    from unsloth import FastLanguageModel
+
+    model, tokenizer = FastLanguageModel.from_pretrained(tiny_model_path, max_seq_length=32, load_in_4bit=False)
+    model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing=False)
+    rows = Dataset.from_dict({"prompt": ["the cat", "a dog"] * 2, "chosen": [" sat on the mat", " ran far"] * 2,
+                              "rejected": [" ran far away", " sat"] * 2})
+    trainer = DPOTrainer(
+        model=model, ref_model=None, tokenizer=tokenizer, train_dataset=rows, beta=0.2, max_length=32,
+        args=DPOConfig(per_device_train_batch_size=2, warmup_ratio=0.5, max_steps=2, learning_rate=1e-4,
+                       logging_steps=1, bf16=False, use_cpu=True, output_dir=str(tmp_path), report_to="none"),
+    )
+    assert (trainer.args.beta, trainer.args.max_length, trainer.args.get_warmup_steps(2)) == (0.2, 32, 1)
+    assert trainer.processing_class is tokenizer
+    stats = trainer.train()
+    assert trainer.state.global_step == 2 and torch.isfinite(torch.tensor(stats.training_loss))
+
+
+def test_a_list_of_rows_is_taken_as_a_dataset(trainer_class, tmp_path):
+    """The vision notebooks pass `[convert_to_conversation(row) for row in dataset]`; TRL 1.x wants a Dataset."""
+    from datasets import Dataset
+    from PIL import Image
+
+    rows = [{"messages": [{"role": "user", "content": [{"type": "image", "image": Image.new("RGB", (4, 4))}]}]}] * 3
+    trainer = trainer_class(model=None, args=training_args(tmp_path), train_dataset=rows)
+    dataset = trainer.given["train_dataset"]
+    assert isinstance(dataset, Dataset) and len(dataset) == 3
+    image = dataset[0]["messages"][0]["content"][0]["image"]  # nested: Arrow's {"bytes", "path"}, PNG bytes
+    assert Image.open(__import__("io").BytesIO(image["bytes"])).size == (4, 4)
