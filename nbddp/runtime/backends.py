@@ -33,19 +33,19 @@ def choose(requested: str) -> tuple[str, str]:
 
 
 def activate(backend: str) -> None:
-    """Import the real Unsloth, or install the fallback as the module `unsloth` (and `unsloth.chat_templates`)."""
+    """Import the real Unsloth, or install the fallback as the module `unsloth` (and `unsloth.chat_templates`,
+    `unsloth.trainer`)."""
     if backend == "hf":
         sys.modules["unsloth"] = hf_backend
         sys.modules["unsloth.chat_templates"] = hf_backend.chat_templates
+        sys.modules["unsloth.trainer"] = hf_backend.trainer  # hf_trainer: imports trl, as the patching below does
         # Importing Unsloth lets TRL's trainers take Unsloth-era arguments (dataset_text_field=, max_seq_length=,
-        # tokenizer=, ...); without it, notebooks that pass them fail here. So the fallback patches TRL itself,
-        # which means importing trl now rather than in the notebook's first trainer cell.
-        from trl import SFTConfig, SFTTrainer
+        # tokenizer=, beta=, ...) and its configs the keywords Transformers 5 and TRL 1.x renamed (warmup_ratio=);
+        # without it, notebooks that pass them fail here. So the fallback patches TRL itself, which means
+        # importing trl now rather than in the notebook's first trainer cell.
+        from nbddp.runtime.trl_compat import patch_trl
 
-        from nbddp.runtime.trl_compat import patch_sft_config, patch_sft_trainer
-
-        patch_sft_trainer(SFTTrainer, SFTConfig)
-        patch_sft_config(SFTConfig)
+        patch_trl()
         _patch_trainer()
         return
     # Unsloth patches transformers/trl/peft as it is imported, so it must come before them. Every rank

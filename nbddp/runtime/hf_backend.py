@@ -1,24 +1,33 @@
 """The Transformers+PEFT fallback for Unsloth, installed as the module `unsloth` by `--backend hf`.
 
-It keeps Unsloth's call signatures (unsloth/models/loader.py and llama.py), so a notebook written for
+It keeps Unsloth's call signatures (unsloth/models/loader.py, llama.py and vision.py), so a notebook written for
 Unsloth runs unchanged on a CPU or a GPU without Unsloth:
 
     from unsloth import FastLanguageModel, is_bfloat16_supported
     model, tokenizer = FastLanguageModel.from_pretrained("models/tiny", max_seq_length=512, load_in_4bit=True)
     model = FastLanguageModel.get_peft_model(model, r=16, lora_alpha=16, random_state=3407)
 
+    from unsloth import FastVisionModel  # or FastModel: a vision-language model gets its processor
+    model, processor = FastVisionModel.from_pretrained("models/tiny-vision", load_in_4bit=False)
+    model = FastVisionModel.get_peft_model(model, finetune_vision_layers=False, r=16, lora_alpha=16)
+
 With CUDA and bitsandbytes, `load_in_4bit` is the standard Transformers+PEFT QLoRA recipe (nf4, double
 quantisation, `prepare_model_for_kbit_training`): the baseline the benchmarks compare Unsloth against.
-transformers and peft are imported inside the functions: this module is imported before Unsloth, which
-must be imported before them.
+transformers, peft and trl are imported inside the functions (`unsloth.trainer`, hf_trainer.py, on first use):
+this module is imported before Unsloth, which must be imported before them. A public name Unsloth has and this
+module lacks raises UsageError naming it, so `from unsloth import X` says what to do instead of "cannot import".
 """
 import dataclasses
+import functools
 import importlib.util
 import os
+import re
 import sys
+from collections import Counter
 
 import torch
 
+from nbddp.errors import UsageError
 from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
 from nbddp.runtime.checkpointing import peft_mode
 from nbddp.runtime.models import require_model
@@ -31,11 +40,62 @@ UNSLOTH_ONLY_LOAD_OPTIONS = frozenset({
     "use_exact_model_name", "offload_embedding", "float32_mixed_precision", "fast_inference",
     "gpu_memory_utilization", "float8_kv_cache", "random_state", "max_lora_rank", "disable_log_stats",
     "qat_scheme", "unsloth_tiled_mlp", "text_only", "device_map_planner_kwargs", "on_model_resolved",
+    "unsloth_force_compile", "return_logits", "fullgraph", "whisper_language", "whisper_task", "target_parameters",
 })
+
+# Trained as whole matrices (modules_to_save) when listed in target_modules, as Unsloth does: LoRA on them is dead.
+EMBEDDING_MODULES = ("embed_tokens", "lm_head")
+
+# unsloth_zoo's get_peft_regex: which parts of a model's module names say vision or language, attention or MLP.
+VISION_TAGS = ("vision", "image", "visual", "patch")
+LANGUAGE_TAGS = ("language", "text")
+ATTENTION_TAGS = ("self_attn", "attention", "attn", "mixer")
+MLP_TAGS = ("mlp", "feed_forward", "ffn", "dense", "mixer")
+
+VLLM_METHODS = ("fast_generate", "load_lora")  # what fast_inference=True gives an Unsloth model
+
+# `unsloth.trainer`'s names, which Unsloth also exports at the top (hf_trainer.py imports trl, so on first use).
+TRAINER_NAMES = ("UnslothTrainer", "UnslothTrainingArguments", "UnslothVisionDataCollator")
+# `unsloth.chat_templates`' public names, which Unsloth exports at the top too: hf_chat_templates has them (or
+# says what to do instead).
+CHAT_TEMPLATE_NAMES = ("get_chat_template", "test_chat_templates", "test_hf_gguf_equivalence", "remove_special_tokens",
+                       "to_sharegpt", "standardize_sharegpt", "standardize_data_formats", "apply_chat_template",
+                       "train_on_responses_only", "test_construct_chat_template")
+
+
+def __getattr__(name):
+    # PEP 562: `from unsloth import X` for a name not defined above ends here.
+    if name == "trainer" or name in TRAINER_NAMES:
+        from nbddp.runtime import hf_trainer
+
+        return hf_trainer if name == "trainer" else getattr(hf_trainer, name)
+    if name in CHAT_TEMPLATE_NAMES:
+        return getattr(chat_templates, name)
+    if name == "FastSentenceTransformer":
+        raise UsageError(
+            "unsloth.FastSentenceTransformer (embedding models) is not in nbddp's Transformers+PEFT fallback "
+            "(--backend hf). Train with sentence_transformers directly (SentenceTransformer(model_name) and "
+            "SentenceTransformerTrainer, with a peft LoraConfig through model.add_adapter), or run on a GPU with "
+            "Unsloth installed (--backend unsloth)")
+    if name.startswith("_"):  # dunders and privates: the import system and tools probe these
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    raise UsageError(
+        f"unsloth.{name} is Unsloth's; nbddp's Transformers+PEFT fallback (--backend hf) has only "
+        f"FastLanguageModel, FastModel, FastVisionModel, {', '.join(TRAINER_NAMES)}, PatchDPOTrainer, "
+        "is_bfloat16_supported and is_bf16_supported. Replace it with its Transformers, PEFT or TRL equivalent, "
+        "or run on a GPU with Unsloth installed (--backend unsloth)")
 
 
 def is_bfloat16_supported() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+is_bf16_supported = is_bfloat16_supported  # Unsloth's other name for it
+
+
+def PatchDPOTrainer():  # noqa: N802 (Unsloth's name)
+    """Nothing to do: Unsloth's own is a no-op too (its DPO patches are applied when Unsloth is imported), and TRL's
+    DPOTrainer runs as it is on this backend."""
 
 
 class FastLanguageModel:
@@ -58,27 +118,8 @@ class FastLanguageModel:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         require_model(model_name)  # a clear error now, rather than Transformers' after a minute of retries
-        dtype = _resolve_dtype(dtype)
-        options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
-        if (load_in_4bit or load_in_8bit) and not full_finetuning:
-            quantization = _quantization_config(load_in_4bit, dtype)
-            if quantization is not None:
-                options["quantization_config"] = quantization
-        if device_map is None and torch.cuda.is_available():
-            device_map = {"": torch.cuda.current_device()}
-        model = AutoModelForCausalLM.from_pretrained(
-            model_name, dtype=dtype, device_map=device_map, token=token, trust_remote_code=trust_remote_code, **options
-        )
-        tokenizer = AutoTokenizer.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        if model.config.pad_token_id is None:
-            model.config.pad_token_id = tokenizer.pad_token_id
-        tokenizer.padding_side = "right"  # for training; for_inference switches it to left
-        tokenizer.model_max_length = max_seq_length
-        model.max_seq_length = max_seq_length
-        model.nbddp_tokenizer = tokenizer
-        return model, tokenizer
+        return _load(AutoModelForCausalLM, AutoTokenizer, model_name, max_seq_length, dtype, load_in_4bit,
+                     load_in_8bit, device_map, full_finetuning, token, trust_remote_code, kwargs)
 
     @staticmethod
     def get_peft_model(
@@ -99,7 +140,11 @@ class FastLanguageModel:
         loftq_config=None,
         **kwargs,
     ):
-        """Wrap `model` with LoRA adapters; only the adapters (and `modules_to_save`) are trainable."""
+        """Wrap `model` with LoRA adapters; only the adapters (and `modules_to_save`) are trainable.
+
+        `embed_tokens` and `lm_head` in `target_modules` move to `modules_to_save`, as in Unsloth. The result has
+        Unsloth's `save_lora(directory)`: the adapter's `save_pretrained`.
+        """
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
         from transformers import set_seed
 
@@ -113,6 +158,8 @@ class FastLanguageModel:
             )
         elif checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=checkpointing_kwargs)
+        if isinstance(target_modules, (list, tuple)):
+            target_modules, modules_to_save = _embeddings_to_save(target_modules, modules_to_save)
         lora_fields = {field.name for field in dataclasses.fields(LoraConfig)}
         config = LoraConfig(
             r=r,
@@ -126,11 +173,12 @@ class FastLanguageModel:
             modules_to_save=modules_to_save,
             init_lora_weights=init_lora_weights,
             loftq_config=loftq_config or {},
-            task_type="CAUSAL_LM",
-            **{key: value for key, value in kwargs.items() if key in lora_fields},
+            **{"task_type": "CAUSAL_LM", **{key: value for key, value in kwargs.items() if key in lora_fields}},
         )
         set_seed(random_state)  # as Unsloth does: the LoRA init is the same on every rank and every run
-        return get_peft_model(model, config)
+        peft_model = get_peft_model(model, config)
+        peft_model.save_lora = peft_model.save_pretrained
+        return peft_model
 
     @staticmethod
     def for_inference(model):
@@ -143,6 +191,182 @@ class FastLanguageModel:
         model.train()
         _set_padding_side(model, "right")
         return model
+
+
+class FastModel:
+    """Unsloth's `FastModel`: a vision-language model (its config has a `vision_config`) with its processor, any
+    other as FastLanguageModel loads it; LoRA targets picked by layer family as Unsloth's `get_peft_regex` does."""
+
+    @staticmethod
+    def from_pretrained(
+        model_name="unsloth/Llama-3.2-11B-Vision-Instruct-bnb-4bit",
+        max_seq_length=2048,
+        dtype=None,
+        load_in_4bit=True,
+        load_in_8bit=False,
+        full_finetuning=False,
+        token=None,
+        device_map=None,
+        trust_remote_code=False,
+        auto_model=None,
+        **kwargs,
+    ):
+        """Load `(model, processor)` (a tokenizer for a text-only model); `auto_model` overrides the model class."""
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+        from transformers import AutoProcessor, AutoTokenizer
+
+        require_model(model_name)
+        config = AutoConfig.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
+        vision = hasattr(config, "vision_config")
+        model_class = auto_model or (AutoModelForImageTextToText if vision else AutoModelForCausalLM)
+        return _load(model_class, AutoProcessor if vision else AutoTokenizer, model_name, max_seq_length, dtype,
+                     load_in_4bit, load_in_8bit, device_map, full_finetuning, token, trust_remote_code, kwargs)
+
+    @staticmethod
+    def get_peft_model(
+        model,
+        r=16,
+        target_modules=None,
+        lora_alpha=16,
+        lora_dropout=0.0,
+        bias="none",
+        finetune_vision_layers=True,
+        finetune_language_layers=True,
+        finetune_attention_modules=True,
+        finetune_mlp_modules=True,
+        **kwargs,
+    ):
+        """LoRA on the linear layers the four `finetune_*` flags select (with a list `target_modules`, only those
+        of them); other keyword arguments as FastLanguageModel.get_peft_model takes them."""
+        flags = (finetune_vision_layers, finetune_language_layers, finetune_attention_modules, finetune_mlp_modules)
+        if target_modules == "all-linear":  # Unsloth: every family
+            target_modules, flags = None, (True,) * 4
+        if target_modules is None or not all(flags):
+            if target_modules is not None:  # a list, to narrow: embed_tokens and lm_head are no LoRA targets
+                target_modules, kwargs["modules_to_save"] = _embeddings_to_save(
+                    target_modules, kwargs.get("modules_to_save"))
+            target_modules = peft_target_regex(model, *flags, target_modules=target_modules)
+        return FastLanguageModel.get_peft_model(
+            model, r=r, target_modules=target_modules, lora_alpha=lora_alpha, lora_dropout=lora_dropout, bias=bias,
+            **kwargs)
+
+    for_inference = staticmethod(FastLanguageModel.for_inference)
+    for_training = staticmethod(FastLanguageModel.for_training)
+
+
+class FastVisionModel(FastModel):
+    """Unsloth's `FastVisionModel`: the same as FastModel."""
+
+
+def peft_target_regex(model, vision, language, attention, mlp, target_modules=None) -> str:
+    """The PEFT `target_modules` regex for the selected layer families, as unsloth_zoo's `get_peft_regex` builds it.
+
+    Candidates are the leaf names of `model`'s linear layers that occur more than once or inside a numbered layer
+    (so not `lm_head` or a one-off projector), or `target_modules`. A module qualifies when its name shows a selected
+    part (vision, language) then a selected component (attention, MLP) then the leaf; a text-only model's
+    `model.layers.N.` counts as language. When nothing qualifies the part is not required (names without tags).
+    """
+    if not (vision or language):
+        raise UsageError("get_peft_model: finetune_vision_layers and finetune_language_layers are both False, so no "
+                         "layer is left to train; set at least one to True")
+    if not (attention or mlp):
+        raise UsageError("get_peft_model: finetune_attention_modules and finetune_mlp_modules are both False, so no "
+                         "module is left to train; set at least one to True")
+    linear = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    if target_modules is None:
+        counts = Counter(name.rsplit(".", 1)[-1] for name in linear)
+        in_layers = {name.rsplit(".", 1)[-1] for name in linear if re.search(r"\.\d+\.", name)}
+        target_modules = [leaf for leaf, count in counts.items() if count > 1 or leaf in in_layers]
+    parts = "|".join((VISION_TAGS if vision else ()) + (LANGUAGE_TAGS if language else ()))
+    components = "|".join((ATTENTION_TAGS if attention else ()) + (MLP_TAGS if mlp else ()))
+    leaves = "|".join(re.escape(leaf) for leaf in target_modules)
+    regex = rf".*?(?:{parts}).*?(?:{components}).*?\.(?:{leaves})"
+    if language:
+        regex = rf"(?:{regex})|(?:\bmodel\.layers\.\d+(?!.*\.experts\.\d)\..*?(?:{components}).*?\.(?:{leaves}))"
+    if not any(re.fullmatch(regex, name) for name in linear):
+        regex = rf".*?(?:{components}).*?\.(?:{leaves})"
+    if not any(re.fullmatch(regex, name) for name in linear):
+        raise UsageError(f"get_peft_model: no linear layer of {type(model).__name__} matches target_modules "
+                         f"{target_modules} and the finetune_* flags; list the last part of its linear layers' names "
+                         "(q_proj, ...), or leave target_modules out to take them all")
+    return regex
+
+
+def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_in_4bit, load_in_8bit, device_map,
+          full_finetuning, token, trust_remote_code, kwargs):
+    """`(model, tokenizer or processor)` loaded for training: padding on the right, `model.max_seq_length` set."""
+    dtype = _resolve_dtype(dtype)
+    options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
+    if (load_in_4bit or load_in_8bit) and not full_finetuning:
+        quantization = _quantization_config(load_in_4bit, dtype)
+        if quantization is not None:
+            options["quantization_config"] = quantization
+    if device_map is None and torch.cuda.is_available():
+        device_map = {"": torch.cuda.current_device()}
+    model = model_class.from_pretrained(
+        model_name, dtype=dtype, device_map=device_map, token=token, trust_remote_code=trust_remote_code, **options
+    )
+    processor = processor_class.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
+    tokenizer = getattr(processor, "tokenizer", processor)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    tokenizer.padding_side = "right"  # for training; for_inference switches it to left
+    tokenizer.model_max_length = max_seq_length
+    model.max_seq_length = max_seq_length
+    model.nbddp_tokenizer = tokenizer
+    model.generate = _takes_encoding_as_input_ids(model.generate)
+    model.gradient_checkpointing_enable = _non_reentrant_by_default(model.gradient_checkpointing_enable)
+    if kwargs.get("fast_inference"):
+        for name in VLLM_METHODS:
+            setattr(model, name, functools.partial(_vllm_only, name))
+    return model, processor
+
+
+def _takes_encoding_as_input_ids(generate):
+    """`generate` that also takes `input_ids=<BatchEncoding>`, as Unsloth's does (unsloth/models/llama.py,
+    unsloth_fast_generate): notebooks pass `tokenizer.apply_chat_template(..., return_tensors="pt")`, a tensor in
+    Transformers 4 and a BatchEncoding in 5, where plain `generate` fails with a bare AttributeError."""
+
+    @functools.wraps(generate)
+    def generate_unpacking(*args, **kwargs):
+        encoding = kwargs.get("input_ids")
+        if encoding is not None and not isinstance(encoding, torch.Tensor) and hasattr(encoding, "items"):
+            for key, value in kwargs.pop("input_ids").items():
+                kwargs.setdefault(key, value)
+        return generate(*args, **kwargs)
+
+    return generate_unpacking
+
+
+def _non_reentrant_by_default(enable):
+    """`gradient_checkpointing_enable` that checkpoints without re-entry unless told otherwise. TRL 0.x's trainers
+    enable checkpointing themselves, and Transformers 4's default (re-entrant) gives adapters whose inputs need no
+    gradient, a vision tower's, none: they would not train (torch: "None of the inputs have requires_grad=True")."""
+
+    @functools.wraps(enable)
+    def gradient_checkpointing_enable(gradient_checkpointing_kwargs=None):
+        return enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False})
+
+    return gradient_checkpointing_enable
+
+
+def _vllm_only(method, *args, **kwargs):
+    raise UsageError(
+        f"model.{method} is Unsloth's vLLM engine (fast_inference=True), which nbddp's Transformers+PEFT fallback "
+        "(--backend hf) does not have. Generate with Transformers instead: "
+        "model.generate(**tokenizer(prompts, return_tensors=\"pt\", padding=True), max_new_tokens=...), with the "
+        "trained adapter already active in `model`; or run on a GPU with Unsloth and vLLM installed "
+        "(--backend unsloth)")
+
+
+def _embeddings_to_save(target_modules, modules_to_save):
+    """`target_modules` without embed_tokens and lm_head, and `modules_to_save` with them."""
+    saved = [modules_to_save] if isinstance(modules_to_save, str) else list(modules_to_save or [])
+    saved += [name for name in target_modules if name in EMBEDDING_MODULES and name not in saved]
+    targets = [name for name in target_modules if name not in EMBEDDING_MODULES]
+    return targets, saved or None
 
 
 def _resolve_dtype(dtype):

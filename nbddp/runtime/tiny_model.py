@@ -1,8 +1,10 @@
 """Weights for a model that ships only its config and tokenizer (a tiny test model kept in the repo).
 
 `ensure_weights("models/tiny-llama")` builds the weights once, deterministically, into a cache keyed by the
-directory's content and returns that path; any other name (a hub id, a directory with weights) comes back
-unchanged. So the example notebooks train a real, if tiny, model on machines that cannot reach a hub.
+directory's content and the Transformers release (whose weight names can change: Llava's did in 5.0) and returns
+that path; any other name (a hub id, a directory with weights) comes back
+unchanged. So the example notebooks train a real, if tiny, model on machines that cannot reach a hub. A config
+with a `vision_config` (models/tiny-vision) is built as an image-text-to-text model, any other as a causal LM.
 """
 import hashlib
 import os
@@ -28,7 +30,9 @@ def _cache_root() -> Path:
 
 
 def _content_hash(directory: Path) -> str:
-    digest = hashlib.sha256()
+    import transformers
+
+    digest = hashlib.sha256(transformers.__version__.encode() + b"\0")
     for path in _files(directory):
         digest.update(path.name.encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
@@ -45,14 +49,19 @@ def _build(source: Path, target: Path) -> None:
     Ranks that race here each build the same weights; the first rename wins and the others discard theirs.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's random state
             torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(source), dtype=torch.float32)
+            config = AutoConfig.from_pretrained(source)
+            auto_class = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+            model = auto_class.from_config(config, dtype=torch.float32)
+        # Transformers 5 writes nothing on a rank other than 0 of a process group (should_save_on_this_rank), and
+        # any rank may build here: the second machine's first rank, or every rank of a notebook without a guard.
+        model.should_save_on_this_rank = lambda is_main_process: True
         model.save_pretrained(staging)
         for path in _files(source):  # config and tokenizer files, byte for byte
             shutil.copy2(path, staging / path.name)

@@ -11,7 +11,8 @@ def write_tiny_llama(directory):
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{word: index + 3 for index, word in enumerate(WORDS)}}
     word_level = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     word_level.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        model_input_names=["input_ids", "attention_mask"])  # as Llama's: no token_type_ids
     tokenizer.save_pretrained(directory)
     LlamaConfig(
         vocab_size=100,
@@ -49,13 +50,20 @@ def tiny_model_path(tiny_llama_dir, model_cache):
 
 @pytest.fixture
 def backend_patches_undone_after(monkeypatch):
-    """TRL's SFTTrainer and SFTConfig, and Trainer's evaluation loop, as they are now, put back after the test:
-    activating a backend patches them (nbddp/runtime/trl_compat.py, eval_loss.py), and a later test must meet
-    the libraries' own classes."""
+    """TRL's trainers and configs (and `trl` itself), and Trainer's evaluation loop, as they are now, put back after
+    the test: activating a backend patches them (nbddp/runtime/trl_compat.py, eval_loss.py), and a later test must
+    meet the libraries' own classes."""
+    import trl
     from transformers import Trainer
-    from trl import SFTConfig, SFTTrainer
 
-    monkeypatch.setattr(SFTTrainer, "__init__", SFTTrainer.__init__)
-    monkeypatch.setattr(SFTConfig, "__init__", SFTConfig.__init__)
+    from nbddp.runtime import trl_compat
+
+    for module_name, trainer_name, config_name in trl_compat.TRAINERS:
+        module = trl_compat._import(module_name)
+        if module is not None and trainer_name in dir(module):
+            for cls in (getattr(module, trainer_name), getattr(module, config_name)):
+                monkeypatch.setattr(cls, "__init__", cls.__init__)
     monkeypatch.setattr(Trainer, "evaluation_loop", Trainer.evaluation_loop)
     monkeypatch.setattr(Trainer, "train", Trainer.train)  # fuller_batch.patch_trainer
+    yield
+    vars(trl).pop("__getattr__", None)  # trl_compat.refuse_moved_names

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from nbddp.runtime.hf_backend import FastLanguageModel, is_bfloat16_supported
+from nbddp.errors import UsageError
+from nbddp.runtime import hf_backend
+from nbddp.runtime.hf_backend import FastLanguageModel, FastModel, is_bfloat16_supported
 
 
 def load(path, **options):
@@ -89,3 +91,91 @@ def test_bfloat16_needs_a_gpu_that_has_it(monkeypatch, cuda, bf16, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: bf16)
     assert is_bfloat16_supported() is expected
+
+
+def trainable(model):
+    """The names of the modules whose parameters train, without PEFT's prefixes and adapter suffixes."""
+    names = {name.removeprefix("base_model.model.") for name, p in model.named_parameters() if p.requires_grad}
+    return {name.split(".lora_")[0].split(".modules_to_save.")[0] for name in names}
+
+
+def test_embeddings_in_target_modules_train_as_whole_matrices(tiny_model_path):
+    model = FastLanguageModel.get_peft_model(
+        load(tiny_model_path)[0], r=4, target_modules=["q_proj", "embed_tokens", "lm_head"], random_state=3407)
+    assert trainable(model) == {"model.embed_tokens", "lm_head", "model.layers.0.self_attn.q_proj",
+                                "model.layers.1.self_attn.q_proj"}
+    assert not [name for name in dict(model.named_parameters()) if "lora_embedding" in name]
+
+
+def test_save_lora_writes_the_adapter(tiny_model_path, tmp_path):
+    model = lora(load(tiny_model_path)[0])
+    model.save_lora(str(tmp_path / "adapter"))
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("method", ["fast_generate", "load_lora"])
+def test_vllm_methods_of_fast_inference_say_what_to_do(tiny_model_path, method):
+    model = lora(load(tiny_model_path, fast_inference=True)[0])
+    with pytest.raises(UsageError, match=rf"model\.{method} is Unsloth's vLLM engine .* model\.generate\("):
+        getattr(model, method)("grpo_saved_lora")
+
+
+def test_fast_model_loads_a_text_model_with_its_tokenizer(tiny_model_path):
+    model, tokenizer = FastModel.from_pretrained(tiny_model_path, max_seq_length=32, load_in_4bit=False)
+    assert type(model).__name__ == "LlamaForCausalLM" and type(tokenizer).__name__ != "LlavaProcessor"
+    assert tokenizer.padding_side == "right" and model.max_seq_length == 32
+    model = FastModel.get_peft_model(model, r=4, lora_alpha=4)  # target_modules=None: Unsloth's regex
+    projections = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    assert trainable(model) == {f"model.layers.{i}.{name}" for i in range(2) for name in projections}  # not lm_head
+    FastModel.for_inference(model)
+    assert tokenizer.padding_side == "left"
+
+
+def test_fast_model_flags_pick_the_modules_on_a_text_model(tiny_model_path):
+    model = FastModel.get_peft_model(load(tiny_model_path)[0], r=4, finetune_mlp_modules=False)
+    assert trainable(model) == {f"model.layers.{i}.self_attn.{leaf}_proj" for i in range(2) for leaf in "qkvo"}
+
+
+@pytest.mark.parametrize("flags, says", [
+    ({"finetune_vision_layers": False, "finetune_language_layers": False}, "no layer is left to train"),
+    ({"finetune_attention_modules": False, "finetune_mlp_modules": False}, "no module is left to train"),
+])
+def test_fast_model_with_nothing_to_train_says_so(tiny_model_path, flags, says):
+    with pytest.raises(UsageError, match=says):
+        FastModel.get_peft_model(load(tiny_model_path)[0], r=4, **flags)
+
+
+def test_fast_model_target_modules_it_does_not_have(tiny_model_path):
+    with pytest.raises(UsageError, match=r"no linear layer of LlamaForCausalLM matches target_modules \['qkv'\]"):
+        FastModel.get_peft_model(load(tiny_model_path)[0], target_modules=["qkv"], finetune_mlp_modules=False)
+
+
+def test_unsloths_other_names():
+    assert hf_backend.is_bf16_supported is is_bfloat16_supported
+    assert hf_backend.PatchDPOTrainer() is None
+    assert issubclass(hf_backend.FastVisionModel, FastModel)
+    assert hf_backend.train_on_responses_only is hf_backend.chat_templates.train_on_responses_only
+
+
+def test_a_name_the_fallback_lacks_is_named_with_the_fix():
+    with pytest.raises(UsageError, match=r"unsloth\.FastQwen2Model is Unsloth's; .*\(--backend unsloth\)"):
+        from nbddp.runtime.hf_backend import FastQwen2Model  # noqa: F401
+    with pytest.raises(UsageError, match=r"FastSentenceTransformer .* sentence_transformers"):
+        from nbddp.runtime.hf_backend import FastSentenceTransformer  # noqa: F401
+    assert not hasattr(hf_backend, "__path__")  # what the import system asks stays an AttributeError
+
+
+def test_generate_takes_a_batch_encoding_as_input_ids(tiny_model_path):
+    """Transformers 5's apply_chat_template(return_tensors="pt") is a BatchEncoding; notebooks pass it as input_ids."""
+    model, tokenizer = load(tiny_model_path)
+    model = lora(model)
+    FastLanguageModel.for_inference(model)
+    encoding = tokenizer(["moon river cat"], return_tensors="pt")
+    torch.manual_seed(0)
+    unpacked = model.generate(input_ids=encoding, max_new_tokens=3, do_sample=False)
+    torch.manual_seed(0)
+    plain = model.generate(input_ids=encoding["input_ids"], attention_mask=encoding["attention_mask"],
+                           max_new_tokens=3, do_sample=False)
+    assert torch.equal(unpacked, plain)

@@ -1,6 +1,7 @@
 import os
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from nbddp.runtime import tiny_model
@@ -53,3 +54,21 @@ def test_other_names_come_back_unchanged(tiny_llama_dir, model_cache, tmp_path):
     with_weights = Path(ensure_weights(str(tiny_llama_dir)))
     assert ensure_weights(str(with_weights)) == str(with_weights)
     assert ensure_weights(str(tmp_path)) == str(tmp_path)  # no config.json
+
+
+def test_a_vision_language_config_is_built_as_one(model_cache):
+    from transformers import AutoModelForImageTextToText
+
+    repository_model = Path(__file__).resolve().parents[2] / "models" / "tiny-vision"
+    model = AutoModelForImageTextToText.from_pretrained(ensure_weights(str(repository_model)))
+    assert type(model).__name__ == "LlavaForConditionalGeneration"
+    assert any("vision_tower." in name for name in weights(ensure_weights(str(repository_model))))
+
+
+def test_a_rank_other_than_0_builds_the_weights_too(tiny_llama_dir, model_cache, monkeypatch):
+    """Transformers 5's save_pretrained writes nothing on rank 1 of a process group; the cache must not be left
+    with a model without weights (the second machine's first rank builds it on a two-machine job)."""
+    mixin = pytest.importorskip("transformers.distributed.mixin", reason="Transformers 4 saves on every rank")
+    monkeypatch.setattr(mixin, "_is_torch_distributed_initialized", lambda: True)
+    monkeypatch.setattr(mixin, "_get_torch_distributed_rank", lambda: 1)
+    assert weights(Path(ensure_weights(str(tiny_llama_dir))))

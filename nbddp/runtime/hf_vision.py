@@ -1,0 +1,175 @@
+"""The hf backend's `UnslothVisionDataCollator` (`unsloth.trainer`), as Unsloth's vision notebooks use it:
+
+    trainer = SFTTrainer(
+        model=model, tokenizer=processor, train_dataset=converted_dataset,
+        data_collator=UnslothVisionDataCollator(model, processor),
+        args=SFTConfig(remove_unused_columns=False, dataset_text_field="",
+                       dataset_kwargs={"skip_prepare_dataset": True}, ...),
+    )
+
+Each row is a chat (`{"messages": [...]}`, `{"conversations": [...]}` or the list itself) whose parts are
+`{"type": "text", "text": ...}` and `{"type": "image", "image": ...}` (a PIL image, a path, or the {"bytes", "path"}
+dict Arrow stores it as); the images may instead be the row's `images` column. As unsloth_zoo's collator
+(vision_utils.py) does, the batch is the processor's output for the rows' chat-template texts and images (padded,
+truncated to `max_seq_length`, images first shrunk to the vision tower's `image_size` by `resize="min"`), with
+`labels` = `input_ids` except padding, image placeholder tokens and the targets after a pad, which are -100;
+`train_on_responses_only=True` also masks everything but the answers (`unsloth.chat_templates.
+train_on_responses_only`'s rule, with `instruction_part` and `response_part`).
+
+Not carried over: video and audio parts (bad input that says so), `formatting_func`, prompt/completion rows,
+padding-free packing and the per-model repairs of Unsloth's processors.
+"""
+import datasets
+import torch
+from PIL import Image
+
+from nbddp.errors import UsageError
+from nbddp.runtime import hf_chat_templates
+
+# unsloth_zoo/vlm_tokens.py's IMAGE_TOKENS: placeholders that stand in for images and are never targets.
+IMAGE_TOKENS = (
+    "<|image|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<image>",
+    "</image>", "[IMG]", "[IMG_BREAK]", "[IMG_END]", "<image_soft_token>", "<start_of_image>", "<end_of_image>",
+    "<|image>", "<image|>", "<|video|>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_LINE_BREAK|>", "<|IMG_PATCH|>",
+    "<img>", "</img>", "<IMG_CONTEXT>", "<video>", "<|IMAGE|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>",
+    "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>",
+)
+# Config keys of the token ids a model's forward replaces with image features.
+IMAGE_TOKEN_ID_KEYS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+
+
+class UnslothVisionDataCollator:
+    """Rows of chats with images -> the processor's batch with `labels` (see the module docstring)."""
+
+    def __init__(
+        self,
+        model,
+        processor,
+        max_seq_length=None,
+        resize="min",  # the vision tower's image_size; "max": as they are; N or (width, height)
+        ignore_index=-100,
+        train_on_responses_only=False,
+        instruction_part=None,
+        response_part=None,
+        pad_to_multiple_of=None,
+    ):
+        if getattr(processor, "image_processor", None) is None:
+            raise UsageError(
+                f"UnslothVisionDataCollator needs the processor of a vision-language model, not a "
+                f"{type(processor).__name__}: pass the second value FastVisionModel.from_pretrained returns (a local "
+                "model folder needs its preprocessor_config.json)")
+        self.processor = processor
+        self.tokenizer = getattr(processor, "tokenizer", processor)
+        self.ignore_index = ignore_index
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.dtype = model.get_input_embeddings().weight.dtype
+        self.max_seq_length = max_seq_length if max_seq_length is not None else getattr(model, "max_seq_length", None)
+        self.image_size = _image_size(model, resize)
+        self.masked_ids = torch.tensor(sorted(_masked_token_ids(model, self.tokenizer)))
+        self.response_labels = None
+        if train_on_responses_only:
+            self.response_labels = hf_chat_templates.train_on_responses_only(
+                None, instruction_part=instruction_part, response_part=response_part, tokenizer=self.tokenizer,
+                return_function=True)
+
+    def __call__(self, examples):
+        texts, images = [], []
+        for example in examples:
+            messages = _messages(example)
+            texts.append(self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False))
+            row_images = example.get("images") if isinstance(example, dict) else None
+            if row_images is None:
+                row_images = [part["image"] for message in messages for part in message["content"]
+                              if part["type"] == "image" and part.get("image") is not None]
+            images.append([self._resized(_decoded(image)) for image in row_images])
+        options = {"padding": True, "return_tensors": "pt", "add_special_tokens": False}
+        if self.max_seq_length is not None:
+            options.update(truncation=True, max_length=self.max_seq_length)
+        if self.pad_to_multiple_of is not None:
+            options["pad_to_multiple_of"] = self.pad_to_multiple_of
+        if any(images):  # one list per row, empty for a text-only row
+            options["images"] = images
+        batch = self.processor(text=texts, **options)
+        if "pixel_values" in batch:
+            batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
+        batch["labels"] = self._labels(batch["input_ids"], batch.get("attention_mask"))
+        return batch
+
+    def _labels(self, input_ids, attention_mask):
+        labels = input_ids.clone()
+        labels[torch.isin(labels, self.masked_ids) | (labels < 0)] = self.ignore_index
+        if attention_mask is not None:  # a target predicted from a pad: only left padding has them
+            labels[:, 1:].masked_fill_(attention_mask[:, :-1] == 0, self.ignore_index)
+        if self.response_labels is not None:
+            answers = torch.tensor(self.response_labels({"input_ids": input_ids.tolist()})["labels"])
+            labels[answers == hf_chat_templates.IGNORE_INDEX] = self.ignore_index
+            if (labels == self.ignore_index).all():
+                raise UsageError(
+                    "UnslothVisionDataCollator(train_on_responses_only=True): no row of this batch has an answer to "
+                    "train on; check instruction_part and response_part against processor.apply_chat_template(...) "
+                    "of a row, or raise max_seq_length if the answers were truncated away")
+        return labels
+
+    def _resized(self, image):
+        """As Unsloth's resize: to `image_size` when a pair, else scaled down so the width is at most `image_size`."""
+        if self.image_size is None:
+            return image
+        if isinstance(self.image_size, tuple):
+            return image.resize(self.image_size, Image.Resampling.LANCZOS)
+        width, height = image.size
+        if width <= self.image_size:
+            return image
+        size = (self.image_size, max(1, (height * self.image_size + width // 2) // width))
+        return image.resize(size, Image.Resampling.LANCZOS)
+
+
+def _messages(example) -> list:
+    """The row's chat with text-only contents as a text part and the keys Arrow filled with None dropped."""
+    messages = example.get("messages", example.get("conversations")) if isinstance(example, dict) else example
+    if messages is None:
+        raise UsageError(
+            f"UnslothVisionDataCollator: a row has neither 'messages' nor 'conversations' (its keys: "
+            f"{sorted(example)}); make each row {{'messages': [{{'role': 'user', 'content': [{{'type': 'image', "
+            "'image': image}, {'type': 'text', 'text': ...}]}, {'role': 'assistant', 'content': [...]}]}")
+    chat = []
+    for message in messages:
+        content = message["content"]
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        parts = [{key: value for key, value in part.items() if value is not None} for part in content]
+        for part in parts:
+            if part["type"] not in ("text", "image"):
+                raise UsageError(
+                    f"UnslothVisionDataCollator: a {part['type']!r} part; nbddp's Transformers+PEFT fallback "
+                    "(--backend hf) collates text and images only. Run on a GPU with Unsloth installed "
+                    "(--backend unsloth), or build the batches with the processor yourself")
+        chat.append({**message, "content": parts})
+    return chat
+
+
+def _decoded(image):
+    """A PIL image from a PIL image, a path, or the {"bytes", "path"} dict Arrow stores an image in a chat as."""
+    if isinstance(image, str):
+        image = {"path": image, "bytes": None}
+    return datasets.Image().decode_example(image) if isinstance(image, dict) else image
+
+
+def _image_size(model, resize):
+    if resize == "min":
+        size = getattr(getattr(model.config, "vision_config", None), "image_size", None)
+        return tuple(size) if isinstance(size, (list, tuple)) else size
+    if resize == "max":
+        return None
+    if isinstance(resize, int) or (isinstance(resize, (list, tuple)) and len(resize) == 2):
+        return tuple(resize) if isinstance(resize, (list, tuple)) else resize
+    raise UsageError(f"UnslothVisionDataCollator: resize={resize!r}; give \"min\" (the model's image size), "
+                     "\"max\" (no resizing), a number of pixels or a (width, height) pair")
+
+
+def _masked_token_ids(model, tokenizer) -> set[int]:
+    """Padding and the image placeholders: the tokenizer's that it has (not as unknown), and the config's."""
+    ids = {tokenizer.convert_tokens_to_ids(token) for token in IMAGE_TOKENS}
+    ids -= {tokenizer.unk_token_id, None}
+    configs = [model.config] + [getattr(model.config, key, None) for key in ("text_config", "vision_config")]
+    ids |= {getattr(config, key, None) for config in configs for key in IMAGE_TOKEN_ID_KEYS}
+    return {token for token in ids | {tokenizer.pad_token_id} if isinstance(token, int) and token >= 0}
