@@ -1,0 +1,87 @@
+"""tools/sweep_report.py: the first error of a failing command, and the tables the sweep prints and writes."""
+import json
+
+from tools.sweep_report import Outcome, cause, counts, first_error, markdown, table, write
+
+ORIGIN = "nbddp: ../out/train.py line {line} comes from /w/X/01_nb.ipynb, cell {cell}, line 3"
+
+
+def rank(number, text):
+    return "".join(f"[rank {number}] {line}\n" for line in text.splitlines())
+
+
+def traceback(exception, cell):
+    return (f'Traceback (most recent call last):\n  File "/w/X/out/train.py", line 40, in <module>\n'
+            f'    x = f()\n{exception}\n{ORIGIN.format(line=40, cell=cell)}')
+
+
+def test_nbddp_paragraph_first_line_with_its_cell():
+    stderr = ("nbddp: backend=hf (requested) world_size=2 device=cpu\n"
+              + rank(0, "nbddp: error: unsloth.chat_templates.get_chat_template is Unsloth's; set "
+                        "tokenizer.chat_template\n  " + ORIGIN.format(line=88, cell=12).removeprefix("nbddp: ")))
+    assert first_error(stderr) == ("unsloth.chat_templates.get_chat_template is Unsloth's; set "
+                                   "tokenizer.chat_template [01_nb.ipynb, cell 12, line 3]")
+
+
+def test_exception_of_the_rank_that_failed_not_of_the_one_that_lost_it():
+    stderr = (rank(1, traceback("RuntimeError: [gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:13703", 30))
+              + rank(0, "Traceback (most recent call last):\n  ...\nKeyError: 'shape'\n\nDuring handling of the "
+                        "above exception, another exception occurred:\n\n" + traceback("AttributeError", 29))
+              + "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+              + "  traceback : " + rank(0, traceback("AttributeError", 29)).lstrip())
+    assert first_error(stderr) == "AttributeError [01_nb.ipynb, cell 29, line 3]"
+
+
+def test_export_error_first_line():
+    stderr = ("error: /w/X/01_nb.ipynb, cell 9, line 2: syntax error: f-string: expecting '}'\n"
+              "  hint: a newer Python's grammar accepts this cell\n")
+    assert first_error(stderr) == "/w/X/01_nb.ipynb, cell 9, line 2: syntax error: f-string: expecting '}'"
+
+
+def test_without_nbddp_lines_the_last_exception_line_then_the_last_line():
+    stderr = 'File "train.py", line 3\n    x = (\n        ^\nSyntaxError: \'(\' was never closed\n'
+    assert first_error(stderr) == "SyntaxError: '(' was never closed"
+    assert first_error("starting\nKilled\n") == "Killed"
+    assert first_error("") == "no output"
+
+
+def test_a_long_error_is_cut():
+    assert len(first_error("ValueError: " + "x" * 1000)) == 300
+
+
+def outcomes():
+    return [Outcome("A-Alpaca", "alpaca-sft", True, True, True, True, seconds=9.4),
+            Outcome("B-Alpaca", "alpaca-sft", True, True, True, False, "run", "KeyError: 0 [01_nb.ipynb, cell 3, line 1]"),
+            Outcome("C-GRPO", "grpo", True, True, True, False, "run", "KeyError: 0 [01_nb.ipynb, cell 7, line 2]"),
+            Outcome("D-TTS", "audio", False, stage="export", error="01_nb.ipynb, cell 2, line 1: unknown magic")]
+
+
+def test_counts_per_category_in_order_then_all():
+    assert counts(outcomes()) == {
+        "alpaca-sft": {"notebooks": 2, "exported": 2, "compiled": 2, "ran": 2, "passed": 1},
+        "grpo": {"notebooks": 1, "exported": 1, "compiled": 1, "ran": 1, "passed": 0},
+        "audio": {"notebooks": 1, "exported": 0, "compiled": 0, "ran": 0, "passed": 0},
+        "all": {"notebooks": 4, "exported": 3, "compiled": 3, "ran": 3, "passed": 1}}
+
+
+def test_table_lists_each_failure_with_its_stage():
+    text = table(outcomes())
+    assert text.splitlines()[1].split() == ["alpaca-sft", "2", "2", "2", "2", "1"]
+    assert "  D-TTS (audio, export): 01_nb.ipynb, cell 2, line 1: unknown magic" in text
+    assert "A-Alpaca (" not in text
+
+
+def test_markdown_groups_failures_by_cause_across_cells():
+    assert cause("KeyError: 0 [01_nb.ipynb, cell 3, line 1]") == "KeyError: 0"
+    text = markdown(outcomes(), {"nbddp": "abc1234"})
+    assert "- nbddp: abc1234" in text
+    assert "| run | KeyError: 0 | 2: B-Alpaca, C-GRPO |" in text
+    assert "| A-Alpaca | alpaca-sft | yes | yes | yes | yes | 9 |  |" in text
+
+
+def test_write_json_and_markdown(tmp_path):
+    json_path, markdown_path = write(tmp_path / "results", outcomes(), {"date": "today"})
+    summary = json.loads(json_path.read_text())
+    assert summary["environment"] == {"date": "today"} and summary["counts"]["all"]["passed"] == 1
+    assert [row["notebook"] for row in summary["notebooks"]] == ["A-Alpaca", "B-Alpaca", "C-GRPO", "D-TTS"]
+    assert markdown_path.read_text().startswith("# nbddp sweep")

@@ -1,0 +1,126 @@
+"""What a notebook's code does, read from its syntax trees: the calls it makes and the literals it passes.
+
+    facts = read_facts(Path("nb/Llama3.1_(8B)-Alpaca.ipynb"))
+    "SFTTrainer" in facts.calls, facts.keyword_true("fast_inference"), facts.model_ids, facts.dataset_ids
+
+Each code cell goes through IPython's own input transformer (`!pip`, `%%capture` become Python) and is parsed
+alone; a cell that still does not parse (a newer Python's syntax) is left out, so its facts are missing.
+"""
+import ast
+import dataclasses
+import json
+import re
+from pathlib import Path
+
+from IPython.core.inputtransformer2 import TransformerManager
+
+# `load_dataset("csv", data_files=...)` names a builder, not a dataset on the hub.
+DATASET_BUILDERS = frozenset({"csv", "json", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder",
+                              "videofolder", "webdataset", "sql"})
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+@dataclasses.dataclass
+class NotebookFacts:
+    calls: set[str]  # called names, bare and dotted: "SFTTrainer", "from_pretrained", "FastVisionModel.from_pretrained"
+    names: set[str]  # every name and attribute the code reads: "AutoModelForSequenceClassification", "SNAC"
+    keywords: dict[str, list]  # keyword argument name -> the literal values passed for it (non-literals left out)
+    strings: list[str]  # every string literal
+    model_ids: list[str]  # hub-style ids the notebook loads a model or tokenizer from, in order of appearance
+    dataset_ids: list[str]  # hub ids passed to load_dataset, in order of appearance
+
+    def keyword_true(self, name: str) -> bool:
+        return True in self.keywords.get(name, [])
+
+    def loads_vision_model(self) -> bool:
+        """FastVisionModel, or Unsloth's vision collator (which a FastModel notebook uses on images)."""
+        return "FastVisionModel.from_pretrained" in self.calls or "UnslothVisionDataCollator" in self.names
+
+    def trains_with_a_trainer(self) -> bool:
+        """A `<...trainer...>.train()` call: `trainer.train()`, `grpo_trainer.train()`."""
+        return any(call.endswith(".train") and "trainer" in call.lower() for call in self.calls)
+
+    def mentions(self, text: str) -> bool:
+        return any(text in string for string in self.strings)
+
+
+def code_cells(notebook: Path) -> list[str]:
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    return [_source(cell) for cell in cells if cell.get("cell_type") == "code"]
+
+
+def read_facts(notebook: Path) -> NotebookFacts:
+    facts = NotebookFacts(set(), set(), {}, [], [], [])
+    transformer = TransformerManager()
+    for source in code_cells(notebook):
+        try:
+            tree = ast.parse(transformer.transform_cell(source))
+        except SyntaxError:
+            continue
+        _collect(tree, facts)
+    return facts
+
+
+def _source(cell) -> str:
+    source = cell.get("source", "")
+    return "".join(source) if isinstance(source, list) else source
+
+
+def _collect(tree: ast.AST, facts: NotebookFacts) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            facts.strings.append(node.value)
+        elif isinstance(node, ast.Name):
+            facts.names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            facts.names.add(node.attr)
+        elif isinstance(node, ast.Call):
+            _collect_call(node, facts)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            named_model = any(isinstance(t, ast.Name) and t.id.lower().endswith("model_name") for t in targets)
+            if named_model:
+                _add_id(facts.model_ids, _literal_string(node.value))
+
+
+def _collect_call(node: ast.Call, facts: NotebookFacts) -> None:
+    name = _dotted(node.func)
+    if name is None:
+        return
+    facts.calls.add(name)
+    facts.calls.add(name.rsplit(".", 1)[-1])
+    for keyword in node.keywords:
+        if keyword.arg is not None:
+            try:
+                facts.keywords.setdefault(keyword.arg, []).append(ast.literal_eval(keyword.value))
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                pass
+    first = _literal_string(node.args[0]) if node.args else None
+    if name.endswith("from_pretrained"):
+        keyword_names = ("model_name", "pretrained_model_name_or_path")
+        given = [_literal_string(k.value) for k in node.keywords if k.arg in keyword_names]
+        _add_id(facts.model_ids, first or next(filter(None, given), None))
+    elif name.rsplit(".", 1)[-1] == "load_dataset":
+        keyword_path = next((_literal_string(k.value) for k in node.keywords if k.arg == "path"), None)
+        dataset = first or keyword_path
+        if dataset not in DATASET_BUILDERS:
+            _add_id(facts.dataset_ids, dataset)
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a Name/Attribute chain; for a call on anything else (`x().f`), its last attribute."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return f"{base}.{node.attr}" if base else node.attr
+    return None
+
+
+def _literal_string(node: ast.AST) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def _add_id(ids: list[str], value: str | None) -> None:
+    if value and HUB_ID.match(value) and value not in ids:
+        ids.append(value)

@@ -1,0 +1,354 @@
+"""Sweep Unsloth's own notebooks through nbddp, as a new user would take each one: export, compile, run on 2 ranks.
+
+    .venv/bin/python -m tools.notebook_sweep --notebooks ~/notebooks/nb --sample 3   # --help: how, how long
+
+Each notebook of unslothai/notebooks' nb/ (outside its AMD, Kaggle and Desktop copies) is classified from its code
+(tools/categories.py), copied alone into WORK/<name>/01_nb.ipynb, exported with `pipeline.py export` and compiled
+with `py_compile`; the chosen ones then run under torchrun from WORK/<name>/run, where links named like every hub
+id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py), with the hub
+offline and training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then the table; the same
+goes to RESULTS/summary.json and summary.md, with each run's stdout and stderr under RESULTS/logs/.
+"""
+import argparse
+import datetime
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from nbddp.errors import UsageError
+from tools import standin_datasets, standins
+from tools.categories import CATEGORIES, classify
+from tools.notebook_facts import read_facts
+from tools.sweep_report import Outcome, first_error, table, write
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_NOTEBOOKS = Path("/tmp/unb/nb")  # unslothai/notebooks' nb/ at bdda2efc on the machine this was written on
+COPIES = re.compile(r"^(AMD|Kaggle|Desktop)")  # per-platform copies of the other notebooks
+LOG_LIMIT = 200_000  # characters of each run's stdout and stderr kept in the results (the end of them)
+
+EPILOG = """\
+examples (from the repository root):
+  python -m tools.notebook_sweep --notebooks ~/notebooks/nb --notebooks-commit bdda2efc --sample 3
+  python -m tools.notebook_sweep --only "Llama3.1_(8B)-Alpaca" "Qwen3_(4B)-GRPO"     # export and run just these
+  python -m tools.notebook_sweep --run-all --nbddp-commit HEAD                     # every notebook, committed nbddp
+
+how long, on 2 CPU cores: all 177 exported and compiled with --sample 3 (26 runs) took 16 min; --run-all
+46 min (a run took 7-35 s: most stop early, the Alpaca ones train their capped steps; --timeout caps each).
+
+needs: this repository's virtual environment (torch, transformers, trl, peft, datasets, IPython) and the tiny
+models' folders models/tiny-chat (or models/tiny-llama) and models/tiny-vision. Nothing is downloaded: the hub
+is offline (HF_HUB_OFFLINE=1) and every model and dataset id a notebook names is a local stand-in, so a run
+checks nbddp's rewrites and runtime on the notebook's own code, not the model's quality. Each sweep replaces
+RESULTS' summary and logs.
+
+--gpu, on a CUDA host with Unsloth installed (README.md, "GPU install"): the same flow with the scripts'
+--backend unsloth (or --backend auto) on --nproc-per-node 1 or 2 GPUs, the GPUs left visible. Not run on the
+machine that wrote this tool, which has none."""
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return sweep(args)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return error.exit_status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m tools.notebook_sweep", description=__doc__.split("\n\n")[0],
+                                     epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--notebooks", type=Path, default=DEFAULT_NOTEBOOKS,
+                        help="the nb/ folder of a checkout of unslothai/notebooks (default: %(default)s)")
+    parser.add_argument("--notebooks-commit", help="the checkout's commit, when the folder is not a git checkout")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="just these notebooks (file names, .ipynb optional): export, compile and run each")
+    parser.add_argument("--sample", type=int, default=0, metavar="N",
+                        help="run N notebooks of each category, the same ones every time (default: 0, run none)")
+    parser.add_argument("--run-all", action="store_true", help="run every notebook that compiles")
+    parser.add_argument("--no-run", action="store_true", help="export and compile only, also with --only")
+    parser.add_argument("--steps", type=int, default=3, help="NBDDP_MAX_STEPS for each run (default: %(default)s)")
+    parser.add_argument("--timeout", type=int, default=600, help="seconds each run may take (default: %(default)s)")
+    parser.add_argument("--nproc-per-node", type=int, default=2, help="torchrun processes (default: %(default)s)")
+    parser.add_argument("--gpu", action="store_true", help="run on this host's GPUs (see below)")
+    parser.add_argument("--backend", choices=("auto", "unsloth", "hf"),
+                        help="the scripts' --backend (default: hf, or unsloth with --gpu)")
+    parser.add_argument("--nbddp-commit", metavar="REV",
+                        help="export and run with nbddp as committed at REV (git archive into WORK), not with this "
+                             "working tree, which may be half-edited; e.g. --nbddp-commit HEAD")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that exports and runs (default: this one, %(default)s)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/nbddp-sweep"),
+                        help="where the notebooks' copies, scripts, stand-ins and outputs go (default: %(default)s)")
+    parser.add_argument("--results", type=Path,
+                        help="where summary.json, summary.md and logs/ go (default: tools/sweep_results/cpu or gpu)")
+    return parser
+
+
+def sweep(args) -> int:
+    notebooks = select_notebooks(args.notebooks, args.only)
+    facts = {path: read_facts(path) for path in notebooks}
+    categories = {path: classify(facts[path]) for path in notebooks}
+    tally = Counter(categories.values())
+    print("notebooks per category: " + ", ".join(f"{c} {tally[c]}" for c in CATEGORIES if tally[c])
+          + f" (all {len(notebooks)})", flush=True)
+    to_run = chosen_to_run(args, categories)
+    results = args.results or REPO / "tools" / "sweep_results" / ("gpu" if args.gpu else "cpu")
+    shutil.rmtree(results / "logs", ignore_errors=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.nbddp = snapshot(args.nbddp_commit, args.work) if args.nbddp_commit else REPO
+    if to_run:
+        print(f"building the stand-ins of the {len(to_run)} notebooks to run in {args.work}", flush=True)
+    runner = Runner(args, results / "logs", [facts[path] for path in to_run]) if to_run else None
+    environment = describe_environment(args)
+    outcomes = []
+    for number, path in enumerate(notebooks, 1):
+        outcome = process(path, categories[path], facts[path], args, runner if path in to_run else None)
+        outcomes.append(outcome)
+        print(f"[{number}/{len(notebooks)}] {progress_line(outcome)}", flush=True)
+        json_path, markdown_path = write(results, outcomes, environment)  # an interrupted sweep keeps what it did
+    print("\n" + table(outcomes))
+    print(f"\nwrote {json_path} and {markdown_path}")
+    return 0
+
+
+def snapshot(revision: str, work: Path) -> Path:
+    """This repository's files at `revision`, extracted into WORK/nbddp-<commit> (once per commit)."""
+    commit = _git(REPO, "rev-parse", "--short", "--verify", f"{revision}^{{commit}}")
+    if commit is None:
+        raise UsageError(f"--nbddp-commit {revision}: not a commit of {REPO}; give a commit, a branch or HEAD")
+    folder = work / f"nbddp-{commit}"
+    if not folder.is_dir():
+        staging = work / f".nbddp-{commit}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(staging)], input=archive.stdout, check=True)
+        staging.rename(folder)
+    return folder
+
+
+def nbddp_environment(args) -> dict:
+    """The environment of every command the sweep starts: nbddp imported from the checkout it sweeps."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(args.nbddp), os.environ.get("PYTHONPATH")]))}
+
+
+def select_notebooks(folder: Path, only: list[str] | None) -> list[Path]:
+    """The folder's notebooks outside the AMD/Kaggle/Desktop copies, by name; `only` picks some of them."""
+    if not folder.is_dir():
+        raise UsageError(f"--notebooks {folder}: no such folder; give the nb/ folder of a checkout of "
+                         "unslothai/notebooks (git clone https://github.com/unslothai/notebooks)")
+    notebooks = sorted(path for path in folder.glob("*.ipynb") if not COPIES.match(path.name))
+    if not only:
+        return notebooks
+    by_name = {path.stem: path for path in notebooks}
+    wanted = [name.removesuffix(".ipynb") for name in only]
+    unknown = [name for name in wanted if name not in by_name]
+    if unknown:
+        import difflib
+
+        hints = [f"{name!r} (closest: {', '.join(difflib.get_close_matches(name, by_name, 2, 0.4)) or 'none'})"
+                 for name in unknown]
+        raise UsageError(f"--only: no notebook named {'; '.join(hints)} in {folder}; name notebooks by their file "
+                         "name, with or without .ipynb")
+    return [by_name[name] for name in dict.fromkeys(wanted)]
+
+
+def chosen_to_run(args, categories: dict[Path, str]) -> set[Path]:
+    """None with --no-run; every notebook with --only or --run-all; else --sample N of each category."""
+    if args.no_run:
+        return set()
+    if args.only or args.run_all:
+        return set(categories)
+    return set(sample(categories, args.sample))
+
+
+def sample(categories: dict[Path, str], per_category: int) -> list[Path]:
+    """`per_category` notebooks of each category, ordered by a hash of their names: the same choice every time."""
+    chosen = []
+    for category in CATEGORIES:
+        members = sorted((p for p, c in categories.items() if c == category),
+                         key=lambda p: hashlib.sha256(p.name.encode()).hexdigest())
+        chosen += members[:per_category]
+    return chosen
+
+
+def slug(notebook: str) -> str:
+    """A folder name for the notebook (its file name without .ipynb) without spaces, which shell commands trip on."""
+    return re.sub(r"[^\w.()+-]+", "_", notebook)
+
+
+def process(path: Path, category: str, facts, args, runner) -> Outcome:
+    outcome = Outcome(path.stem, category)
+    folder = args.work / slug(path.stem)
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    shutil.copy(path, folder / "01_nb.ipynb")
+    script = folder / "out" / "train.py"
+    export = subprocess.run([args.python, str(args.nbddp / "pipeline.py"), "export", "--notebooks", str(folder),
+                             "--out", str(folder / "out")], cwd=folder, capture_output=True, text=True,
+                            env=nbddp_environment(args))
+    outcome.exported = export.returncode == 0 and script.is_file()
+    if not outcome.exported:
+        outcome.stage = "export"
+        outcome.error = first_error(export.stderr or export.stdout).replace(f"{folder}/", "")
+        return outcome
+    compiled = subprocess.run([args.python, "-m", "py_compile", str(script)], capture_output=True, text=True)
+    outcome.compiled = compiled.returncode == 0
+    if not outcome.compiled:
+        outcome.stage, outcome.error = "compile", first_error(compiled.stderr)
+        return outcome
+    if runner is not None:
+        runner.run(outcome, facts, folder, script)
+    return outcome
+
+
+class Runner:
+    """Runs exported scripts under torchrun from a folder of stand-ins; builds the stand-ins they share once."""
+
+    def __init__(self, args, logs: Path, facts: list):
+        import datasets
+        import transformers
+
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+        self.args, self.logs = args, logs
+        self.backend = args.backend or ("unsloth" if args.gpu else "hf")
+        ids = sorted({i for f in facts for i in f.dataset_ids} | {i for i in standin_datasets.LAYOUTS
+                                                                   if any(f.mentions(i) for f in facts)})
+        datasets_root = args.work / "datasets"
+        # datasets' cache can hand out an older stand-in's rows for the rebuilt files: every sweep starts without it
+        shutil.rmtree(args.work / "hf-home", ignore_errors=True)
+        self.datasets = {i: folder for i in ids if (folder := standin_datasets.build(datasets_root, i))}
+        self.models = {vision: self._weights(vision) for vision in (False, True)}
+
+    @staticmethod
+    def _weights(vision: bool) -> Path | None:
+        source = standins.model_source(REPO, vision)
+        if source is None:
+            return None
+        from nbddp.runtime.tiny_model import ensure_weights
+
+        return Path(ensure_weights(str(source)))
+
+    def run(self, outcome: Outcome, facts, folder: Path, script: Path) -> None:
+        vision = facts.loads_vision_model()
+        model = self.models[vision]
+        if model is None:
+            outcome.stage = "standins"
+            outcome.error = f"no stand-in model: {'models/tiny-vision' if vision else 'models/tiny-llama'} missing"
+            return
+        run_dir = folder / "run"
+        run_dir.mkdir()
+        datasets = {i: self.datasets[i] for i in self.datasets if i in facts.dataset_ids or facts.mentions(i)}
+        standins.assemble(run_dir, standins.model_standin_names(facts.model_ids), model, datasets)
+        log_dir = self.logs / slug(outcome.notebook)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        command = [self.args.python, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
+        outcome.ran = True
+        started = time.monotonic()
+        status = run_with_timeout(command, run_dir, self.environment(), log_dir, self.args.timeout)
+        outcome.seconds = round(time.monotonic() - started, 1)
+        outcome.passed = status == 0
+        if not outcome.passed:
+            output = (log_dir / "run.stderr").read_text(errors="replace")
+            outcome.stage = "run"
+            outcome.error = first_error(output) if status is not None else (
+                f"timed out after {self.args.timeout} s; last: {first_error(output)}")
+        for name in ("run.stdout", "run.stderr"):
+            keep_tail(log_dir / name, LOG_LIMIT)
+
+    def environment(self) -> dict:
+        environment = {**nbddp_environment(self.args), "HF_HUB_OFFLINE": "1", "HF_HOME": str(self.args.work / "hf-home"),
+                       "NBDDP_MAX_STEPS": str(self.args.steps), "NBDDP_TIMEOUT_S": str(self.args.timeout),
+                       "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+        if not self.args.gpu:
+            environment["CUDA_VISIBLE_DEVICES"] = ""
+        return environment
+
+
+def run_with_timeout(command, cwd: Path, environment: dict, log_dir: Path, timeout: int) -> int | None:
+    """The command's exit status, or None when it ran past `timeout` (then its whole process group is ended)."""
+    with open(log_dir / "run.stdout", "w") as stdout, open(log_dir / "run.stderr", "w") as stderr:
+        process = subprocess.Popen(command, cwd=cwd, env=environment, stdout=stdout, stderr=stderr,
+                                   stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            return process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            return None
+
+
+def keep_tail(path: Path, limit: int) -> None:
+    text = path.read_text(errors="replace")
+    if len(text) > limit:
+        path.write_text(f"[nbddp sweep: first {len(text) - limit} characters cut]\n" + text[-limit:])
+
+
+def progress_line(outcome: Outcome) -> str:
+    steps = [("export", outcome.exported), ("compile", outcome.compiled)]
+    done = " ".join(f"{name} ok" for name, ok in steps if ok)
+    if outcome.ran:
+        done += f" run {'passed' if outcome.passed else 'failed'} {outcome.seconds:.0f}s"
+    failure = f" -- {outcome.stage}: {outcome.error}" if outcome.error else ""
+    return f"{outcome.notebook} [{outcome.category}] {done}{failure}"
+
+
+def describe_environment(args) -> dict:
+    probe = ("import json, importlib.metadata as m, torch\n"
+             "v = {p: m.version(p) for p in ('torch', 'transformers', 'trl', 'peft', 'datasets')}\n"
+             "try: v['unsloth'] = m.version('unsloth')\n"
+             "except m.PackageNotFoundError: pass\n"
+             "v['device'] = torch.cuda.get_device_name(0) + f' x{torch.cuda.device_count()}' "
+             "if torch.cuda.is_available() else 'CPU'\n"
+             "print(json.dumps(v))")
+    environment = {} if args.gpu else {"CUDA_VISIBLE_DEVICES": ""}
+    versions = json.loads(subprocess.run([args.python, "-c", probe], capture_output=True, text=True, check=True,
+                                         env={**os.environ, **environment}).stdout)
+    device = versions.pop("device")
+    if device == "CPU":
+        device = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "notebooks": f"unslothai/notebooks {notebooks_commit(args)} ({args.notebooks})",
+            "nbddp": nbddp_commit(args), "device": device,
+            "run": f"torchrun --nproc_per_node {args.nproc_per_node}, --backend "
+                   f"{args.backend or ('unsloth' if args.gpu else 'hf')}, NBDDP_MAX_STEPS={args.steps}, "
+                   f"timeout {args.timeout} s, HF_HUB_OFFLINE=1",
+            "versions": ", ".join(f"{name} {version}" for name, version in versions.items())}
+
+
+def notebooks_commit(args) -> str:
+    found = _git(args.notebooks, "rev-parse", "--short", "HEAD")
+    return found or args.notebooks_commit or "unknown commit"
+
+
+def nbddp_commit(args) -> str:
+    if args.nbddp_commit:
+        return args.nbddp.name.removeprefix("nbddp-") + " (committed)"
+    commit = _git(REPO, "rev-parse", "--short", "HEAD") or "unknown"
+    changed = _git(REPO, "status", "--porcelain", "--untracked-files=no", "--", "nbddp", "pipeline.py")
+    return commit + (" and the working tree's uncommitted changes to nbddp/" if changed else "")
+
+
+def _git(folder: Path, *arguments) -> str | None:
+    result = subprocess.run(["git", "-C", str(folder), *arguments], capture_output=True, text=True)
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The sweep's results: each notebook's outcome, its first error, and the tables printed and written.
+
+    outcome = Outcome("Llama3.1_(8B)-Alpaca", "alpaca-sft", exported=True, compiled=True, ran=True, passed=True)
+    print(table([outcome]))
+    write(results_dir, [outcome], environment)  # summary.json and summary.md
+
+`first_error(text)` is the line a reader needs from a failing command's output: nbddp's one-paragraph error (its
+first line, with the notebook cell it came from), else the exception line of the first rank's traceback with
+that cell (a rank that lost its peer in a collective comes last), else the last exception line, else the last line.
+"""
+import dataclasses
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+from tools.categories import CATEGORIES
+
+RANK_PREFIX = re.compile(r"^\s*(traceback : )?\[rank \d+\]:? ?")  # a rank's lines, also as torchrun repeats them
+ORIGIN = re.compile(r"comes from (?P<where>.+, cell \d+, line \d+)$")
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Failure)(: .*)?$")
+NOT_THE_CAUSE = ("torch.distributed.elastic", "ChildFailedError")  # torchrun's summary of a failed rank
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
+MAX_ERROR = 300
+
+
+@dataclasses.dataclass
+class Outcome:
+    notebook: str  # file name without .ipynb
+    category: str
+    exported: bool = False
+    compiled: bool = False
+    ran: bool = False  # the script was started (chosen to run, compiled, stand-ins ready)
+    passed: bool = False  # ... and exited 0
+    stage: str | None = None  # where it stopped: export, compile, standins, run
+    error: str | None = None
+    seconds: float = 0.0  # of the run
+
+
+def first_error(text: str) -> str:
+    lines = [RANK_PREFIX.sub("", line.rstrip()) for line in text.splitlines()]
+    lines = [line for line in lines if line.strip()]
+    if not lines:
+        return "no output"
+    reports = []  # (message, origin line) of each report a rank made, in order
+    for index, line in enumerate(lines):
+        following = lines[index + 1] if index + 1 < len(lines) else ""
+        if line.startswith(("nbddp: error: ", "error: ")):  # the script's paragraph; pipeline.py's
+            reports.append((line.split("error: ", 1)[1], following))
+        elif line.startswith("nbddp: ") and ORIGIN.search(line):
+            cause = next((l for l in reversed(lines[:index]) if EXCEPTION_LINE.match(l) and not _torchrun(l)), None)
+            if cause:
+                reports.append((cause, line))
+    if reports:
+        # A rank that waited in a collective for a rank that died reports the lost connection: not the cause.
+        message, origin = next((r for r in reports if not any(m in r[0] for m in PEER_LOST)), reports[0])
+        return _short(_with_origin(message, origin))
+    causes = [line for line in lines if EXCEPTION_LINE.match(line) and not _torchrun(line)]
+    return _short(causes[-1] if causes else lines[-1])
+
+
+def _torchrun(line: str) -> bool:
+    return any(marker in line for marker in NOT_THE_CAUSE)
+
+
+def _with_origin(message: str, origin_line: str) -> str:
+    origin = ORIGIN.search(origin_line.strip())
+    if origin is None:
+        return message
+    where = origin["where"]
+    return f"{message} [{Path(where.split(',')[0]).name}{where[len(where.split(',')[0]):]}]"
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_ERROR else text[:MAX_ERROR - 3] + "..."
+
+
+def cause(error: str) -> str:
+    """The error without where it happened, so the same failure in several notebooks groups together."""
+    return re.sub(r" \[[^\]]*, cell \d+, line \d+\]$", "", error)
+
+
+def counts(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
+    """category -> {notebooks, exported, compiled, ran, passed}, categories in CATEGORIES order, then "all"."""
+    rows = {}
+    for category in (*CATEGORIES, "all"):
+        chosen = [o for o in outcomes if category in ("all", o.category)]
+        if chosen:
+            rows[category] = {"notebooks": len(chosen), **{field: sum(getattr(o, field) for o in chosen)
+                                                            for field in ("exported", "compiled", "ran", "passed")}}
+    return rows
+
+
+def table(outcomes: list[Outcome]) -> str:
+    """The counts per category, then each failing notebook's stage and first error (plain text)."""
+    lines = [f"{'category':<22} {'N':>4} {'exported':>9} {'compiled':>9} {'ran':>5} {'passed':>7}"]
+    for category, row in counts(outcomes).items():
+        lines.append(f"{category:<22} {row['notebooks']:>4} {row['exported']:>9} {row['compiled']:>9} "
+                     f"{row['ran']:>5} {row['passed']:>7}")
+    failures = [o for o in outcomes if o.error]
+    if failures:
+        lines += ["", "first error of each notebook that did not pass:"]
+        lines += [f"  {o.notebook} ({o.category}, {o.stage}): {o.error}" for o in failures]
+    return "\n".join(lines)
+
+
+def markdown(outcomes: list[Outcome], environment: dict) -> str:
+    lines = ["# nbddp sweep of Unsloth's notebooks", ""]
+    lines += [f"- {key}: {value}" for key, value in environment.items()]
+    lines += ["", "| category | N | exported | compiled | ran | passed |", "| --- | --- | --- | --- | --- | --- |"]
+    for category, row in counts(outcomes).items():
+        lines.append(f"| {category} | {row['notebooks']} | {row['exported']} | {row['compiled']} | {row['ran']} "
+                     f"| {row['passed']} |")
+    by_cause = defaultdict(list)
+    for outcome in outcomes:
+        if outcome.error:
+            by_cause[(outcome.stage, cause(outcome.error))].append(outcome.notebook)
+    if by_cause:
+        lines += ["", "## Failures by first error", "", "| stage | first error | notebooks |", "| --- | --- | --- |"]
+        for (stage, error), notebooks in sorted(by_cause.items(), key=lambda item: (-len(item[1]), item[0])):
+            lines.append(f"| {stage} | {_cell(error)} | {len(notebooks)}: {_cell(', '.join(notebooks))} |")
+    lines += ["", "## Every notebook", "", "| notebook | category | exported | compiled | ran | passed | run s | first error |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for o in outcomes:
+        marks = " | ".join("yes" if getattr(o, f) else "-" for f in ("exported", "compiled", "ran", "passed"))
+        seconds = f"{o.seconds:.0f}" if o.ran else ""
+        lines.append(f"| {_cell(o.notebook)} | {o.category} | {marks} | {seconds} | {_cell(o.error or '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def write(results_dir: Path, outcomes: list[Outcome], environment: dict) -> tuple[Path, Path]:
+    """summary.json (environment, counts, outcomes) and summary.md in `results_dir`."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"environment": environment, "counts": counts(outcomes),
+               "notebooks": [dataclasses.asdict(o) for o in outcomes]}
+    json_path, markdown_path = results_dir / "summary.json", results_dir / "summary.md"
+    json_path.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    markdown_path.write_text(markdown(outcomes, environment), encoding="utf-8")
+    return json_path, markdown_path
