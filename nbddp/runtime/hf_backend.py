@@ -346,8 +346,8 @@ def _non_reentrant_by_default(enable):
     gradient, a vision tower's, none: they would not train (torch: "None of the inputs have requires_grad=True")."""
 
     @functools.wraps(enable)
-    def gradient_checkpointing_enable(gradient_checkpointing_kwargs=None):
-        return enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False})
+    def gradient_checkpointing_enable(gradient_checkpointing_kwargs=None, **options):  # 5.x: every_n_layers=
+        return enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs or {"use_reentrant": False}, **options)
 
     return gradient_checkpointing_enable
 
