@@ -88,7 +88,9 @@ def test_a_kind_of_notebook_trains_on_two_processes_as_on_one(kind, work):
     assert output.count("nbddp: backend=") == 1
     assert output.count("global batch") == one.stdout.count("global batch") >= 1  # the layout, said once
     assert saves and all(save.startswith("0 ") for save in saves), saves  # saved (adapter, checkpoint) by rank 0
-    assert len(saves) == len(set(saves))  # each save once
+    # the notebook's own saves once each (the CPT notebook's two trainings each checkpoint into outputs/)
+    adapters = [save for save in saves if "checkpoint-" not in save]
+    assert len(adapters) == len(set(adapters)), saves
     assert len(losses(work / kind / "one")) == len(losses(work / kind / "two")) == STEPS
     if kind in DETERMINISTIC:
         assert losses(work / kind / "two") == pytest.approx(losses(work / kind / "one"), abs=1e-4)
