@@ -52,12 +52,16 @@ def code_cells(notebook: Path) -> list[str]:
 def read_facts(notebook: Path) -> NotebookFacts:
     facts = NotebookFacts(set(), set(), {}, [], [], [])
     transformer = TransformerManager()
+    assigned, loaded = {}, []  # variable -> the strings assigned to it; variables a loader was given
     for source in code_cells(notebook):
         try:
             tree = ast.parse(transformer.transform_cell(source))
         except SyntaxError:
             continue
-        _collect(tree, facts)
+        _collect(tree, facts, assigned, loaded)
+    for variable in loaded:  # MODEL_ID = "unsloth/Qwen3-0.6B"; from_pretrained(model_name = MODEL_ID)
+        for value in assigned.get(variable, []):
+            _add_id(facts.model_ids, value)
     return facts
 
 
@@ -66,7 +70,7 @@ def _source(cell) -> str:
     return "".join(source) if isinstance(source, list) else source
 
 
-def _collect(tree: ast.AST, facts: NotebookFacts) -> None:
+def _collect(tree: ast.AST, facts: NotebookFacts, assigned: dict[str, list[str]], loaded: list[str]) -> None:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             facts.strings.append(node.value)
@@ -75,18 +79,21 @@ def _collect(tree: ast.AST, facts: NotebookFacts) -> None:
         elif isinstance(node, ast.Attribute):
             facts.names.add(node.attr)
         elif isinstance(node, ast.Call):
-            _collect_call(node, facts)
-        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            loaded += _collect_call(node, facts)
+        elif isinstance(node, ast.Assign | ast.AnnAssign) and (value := _literal_string(node.value)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-            named_model = any(isinstance(t, ast.Name) and t.id.lower().endswith("model_name") for t in targets)
-            if named_model:
-                _add_id(facts.model_ids, _literal_string(node.value))
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    assigned.setdefault(target.id, []).append(value)
+                    if target.id.lower().endswith("model_name"):
+                        _add_id(facts.model_ids, value)
 
 
-def _collect_call(node: ast.Call, facts: NotebookFacts) -> None:
+def _collect_call(node: ast.Call, facts: NotebookFacts) -> list[str]:
+    """Record the call; return the variables it loads a model from (`from_pretrained(MODEL_ID)`)."""
     name = _dotted(node.func)
     if name is None:
-        return
+        return []
     facts.calls.add(name)
     facts.calls.add(name.rsplit(".", 1)[-1])
     for keyword in node.keywords:
@@ -98,13 +105,16 @@ def _collect_call(node: ast.Call, facts: NotebookFacts) -> None:
     first = _literal_string(node.args[0]) if node.args else None
     if name.endswith("from_pretrained"):
         keyword_names = ("model_name", "pretrained_model_name_or_path")
-        given = [_literal_string(k.value) for k in node.keywords if k.arg in keyword_names]
-        _add_id(facts.model_ids, first or next(filter(None, given), None))
-    elif name.rsplit(".", 1)[-1] == "load_dataset":
+        given = [k.value for k in node.keywords if k.arg in keyword_names] + node.args[:1]
+        for value in given:
+            _add_id(facts.model_ids, _literal_string(value))
+        return [value.id for value in given if isinstance(value, ast.Name)]
+    if name.rsplit(".", 1)[-1] == "load_dataset":
         keyword_path = next((_literal_string(k.value) for k in node.keywords if k.arg == "path"), None)
         dataset = first or keyword_path
         if dataset not in DATASET_BUILDERS:
             _add_id(facts.dataset_ids, dataset)
+    return []
 
 
 def _dotted(node: ast.AST) -> str | None:

@@ -8,7 +8,7 @@ reads it before the hub. Rows are made by code, deterministically, short (a byte
 token) and in the layout the notebooks read: the column names, nesting and value formats they parse (gsm8k's
 `#### N`, numeric `expected_answer`s, `{"from", "value"}` turns). Images are real PNGs and audio real WAVs, typed
 with datasets' `Image` and `Audio` features. Row counts cover the highest row a notebook indexes
-(`dataset[1523]`, `select(range(3000))`, `train_test_split(test_size=50)` then `[100]`).
+(`dataset[1523]`, `select(range(10000))`, `train_test_split(test_size=50)` then `[100]`).
 """
 import dataclasses
 import io
@@ -252,7 +252,8 @@ LAYOUTS: dict[str, Layout] = {
     "yahma/alpaca-cleaned": Layout(_alpaca),
     "vicgalle/alpaca-gpt4": Layout(_alpaca_gpt4),
     "mlabonne/FineTome-100k": Layout(lambda rng, i: {"conversations": _sharegpt(rng, 1 + i % 2),
-                                                      "source": "infini-instruct-top-500k", "score": 5.0}),
+                                                      "source": "infini-instruct-top-500k", "score": 5.0},
+                                     rows=10000),  # Gemma3_(270M)_Phone_Deployment: .select(range(10000))
     "philschmid/guanaco-sharegpt-style": Layout(lambda rng, i: {"conversations": _sharegpt(rng)}),
     "FreedomIntelligence/alpaca-gpt4-korean": Layout(lambda rng, i: {"conversations": _sharegpt(rng, bank=KOREAN)}),
     "unsloth/OpenMathReasoning-mini": Layout(_open_math_reasoning, splits=("cot",)),

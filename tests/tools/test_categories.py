@@ -82,10 +82,13 @@ def test_model_ids_from_loader_calls_and_model_name_variables(facts_of):
         LOAD,
         'fourbit_models = ["unsloth/Llama-3.3-70B-Instruct-bnb-4bit"]  # listed, not loaded\n',
         'XCODEC2_MODEL_NAME = "HKUST-Audio/xcodec2"\n',
+        'MODEL_ID = "unsloth/Qwen3-0.6B"\nOTHER = "unsloth/not-loaded"\n'
+        'model, tokenizer = FastLanguageModel.from_pretrained(model_name = MODEL_ID)\n',
         'processor = AutoProcessor.from_pretrained("unsloth/csm-1b")\n'
         'model.save_pretrained("lora_model")\nmodel = AutoModel.from_pretrained("lora_model")\n',
     )
-    assert facts.model_ids == ["unsloth/Meta-Llama-3.1-8B", "HKUST-Audio/xcodec2", "unsloth/csm-1b"]
+    assert facts.model_ids == ["unsloth/Meta-Llama-3.1-8B", "HKUST-Audio/xcodec2", "unsloth/csm-1b",
+                               "unsloth/Qwen3-0.6B"]
 
 
 def test_dataset_ids_leave_out_builders(facts_of):
