@@ -18,6 +18,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 DATASET_BUILDERS = frozenset({"csv", "json", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder",
                               "videofolder", "webdataset", "sql"})
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+PIN = re.compile(r"(?<![\w-])(transformers|trl)==(\d[\w.]*)")  # in an install cell: `!pip install transformers==4.56.2`
 
 
 @dataclasses.dataclass
@@ -28,6 +29,7 @@ class NotebookFacts:
     strings: list[str]  # every string literal
     model_ids: list[str]  # hub-style ids the notebook loads a model or tokenizer from, in order of appearance
     dataset_ids: list[str]  # hub ids passed to load_dataset, in order of appearance
+    pins: dict[str, str]  # package -> the version the install cell pins: {"transformers": "4.56.2", "trl": "0.22.2"}
 
     def keyword_true(self, name: str) -> bool:
         return True in self.keywords.get(name, [])
@@ -40,6 +42,10 @@ class NotebookFacts:
         """A `<...trainer...>.train()` call: `trainer.train()`, `grpo_trainer.train()`."""
         return any(call.endswith(".train") and "trainer" in call.lower() for call in self.calls)
 
+    def pins_transformers_4(self) -> bool:
+        """The install cell pins Transformers 4.x: the notebook was written for the stack of requirements-notebooks.txt."""
+        return self.pins.get("transformers", "").startswith("4.")
+
     def mentions(self, text: str) -> bool:
         return any(text in string for string in self.strings)
 
@@ -50,7 +56,7 @@ def code_cells(notebook: Path) -> list[str]:
 
 
 def read_facts(notebook: Path) -> NotebookFacts:
-    facts = NotebookFacts(set(), set(), {}, [], [], [])
+    facts = NotebookFacts(set(), set(), {}, [], [], [], {})
     transformer = TransformerManager()
     assigned, loaded = {}, []  # variable -> the strings assigned to it; variables a loader was given
     for source in code_cells(notebook):
@@ -59,6 +65,9 @@ def read_facts(notebook: Path) -> NotebookFacts:
         except SyntaxError:
             continue
         _collect(tree, facts, assigned, loaded)
+    for string in facts.strings:
+        for package, version in PIN.findall(string):
+            facts.pins.setdefault(package, version)
     for variable in loaded:  # MODEL_ID = "unsloth/Qwen3-0.6B"; from_pretrained(model_name = MODEL_ID)
         for value in assigned.get(variable, []):
             _add_id(facts.model_ids, value)

@@ -40,6 +40,7 @@ examples (from the repository root):
   python -m tools.notebook_sweep --notebooks ~/notebooks/nb --notebooks-commit bdda2efc --sample 3
   python -m tools.notebook_sweep --only "Llama3.1_(8B)-Alpaca" "Qwen3_(4B)-GRPO"     # export and run just these
   python -m tools.notebook_sweep --run-all --nbddp-commit HEAD                     # every notebook, committed nbddp
+  python -m tools.notebook_sweep --run-all --notebooks-python .venv-nb/bin/python  # each on the stack it pins
 
 how long, on 2 CPU cores: all 177 exported and compiled with --sample 3 (26 runs) took 16 min; --run-all
 46 min (a run took 7-35 s: most stop early, the Alpaca ones train their capped steps; --timeout caps each).
@@ -49,6 +50,11 @@ models' folders models/tiny-chat (or models/tiny-llama) and models/tiny-vision. 
 is offline (HF_HUB_OFFLINE=1) and every model and dataset id a notebook names is a local stand-in, so a run
 checks nbddp's rewrites and runtime on the notebook's own code, not the model's quality. Each sweep replaces
 RESULTS' summary and logs.
+
+--notebooks-python: most of the notebooks pin transformers==4.56.2 and trl==0.22.2 in the install cell that export
+drops, as a researcher running one has installed. With the interpreter of a virtual environment made from
+requirements-notebooks.txt, every notebook whose install cell pins Transformers 4.x exports and runs with it, the
+others with --python; the tables say which stack ran each.
 
 --gpu, on a CUDA host with Unsloth installed (README.md, "GPU install"): the same flow with the scripts'
 --backend unsloth (or --backend auto) on --nproc-per-node 1 or 2 GPUs, the GPUs left visible. Not run on the
@@ -85,13 +91,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--nbddp-commit", metavar="REV",
                         help="export and run with nbddp as committed at REV (git archive into WORK), not with this "
                              "working tree, which may be half-edited; e.g. --nbddp-commit HEAD")
-    parser.add_argument("--python", default=sys.executable,
+    parser.add_argument("--python", type=interpreter, default=sys.executable,
                         help="the interpreter that exports and runs (default: this one, %(default)s)")
+    parser.add_argument("--notebooks-python", type=interpreter, metavar="PYTHON",
+                        help="the interpreter for the notebooks that pin Transformers 4.x (see below)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nbddp-sweep"),
                         help="where the notebooks' copies, scripts, stand-ins and outputs go (default: %(default)s)")
     parser.add_argument("--results", type=Path,
                         help="where summary.json, summary.md and logs/ go (default: tools/sweep_results/cpu or gpu)")
     return parser
+
+
+def interpreter(value: str) -> str:
+    """An interpreter as given (a path, or a name on PATH), absolute: the sweep runs commands from other folders."""
+    found = shutil.which(value)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{value}: no such interpreter; give the python of a virtual environment, "
+                                         "e.g. .venv-nb/bin/python (README.md, \"Tests\")")
+    return os.path.abspath(found)
 
 
 def sweep(args) -> int:
@@ -187,14 +204,20 @@ def slug(notebook: str) -> str:
     return re.sub(r"[^\w.()+-]+", "_", notebook)
 
 
+def python_for(facts, args) -> str:
+    """--notebooks-python for a notebook that pins Transformers 4.x, when given; else --python."""
+    return args.notebooks_python if args.notebooks_python and facts.pins_transformers_4() else args.python
+
+
 def process(path: Path, category: str, facts, args, runner) -> Outcome:
-    outcome = Outcome(path.stem, category)
+    python = python_for(facts, args)
+    outcome = Outcome(path.stem, category, stack="notebooks" if python != args.python else "main")
     folder = args.work / slug(path.stem)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     shutil.copy(path, folder / "01_nb.ipynb")
     script = folder / "out" / "train.py"
-    export = subprocess.run([args.python, str(args.nbddp / "pipeline.py"), "export", "--notebooks", str(folder),
+    export = subprocess.run([python, str(args.nbddp / "pipeline.py"), "export", "--notebooks", str(folder),
                              "--out", str(folder / "out")], cwd=folder, capture_output=True, text=True,
                             env=nbddp_environment(args))
     outcome.exported = export.returncode == 0 and script.is_file()
@@ -202,13 +225,13 @@ def process(path: Path, category: str, facts, args, runner) -> Outcome:
         outcome.stage = "export"
         outcome.error = first_error(export.stderr or export.stdout).replace(f"{folder}/", "")
         return outcome
-    compiled = subprocess.run([args.python, "-m", "py_compile", str(script)], capture_output=True, text=True)
+    compiled = subprocess.run([python, "-m", "py_compile", str(script)], capture_output=True, text=True)
     outcome.compiled = compiled.returncode == 0
     if not outcome.compiled:
         outcome.stage, outcome.error = "compile", first_error(compiled.stderr)
         return outcome
     if runner is not None:
-        runner.run(outcome, facts, folder, script)
+        runner.run(outcome, facts, folder, script, python)
     return outcome
 
 
@@ -229,20 +252,22 @@ class Runner:
         # datasets' cache can hand out an older stand-in's rows for the rebuilt files: every sweep starts without it
         shutil.rmtree(args.work / "hf-home", ignore_errors=True)
         self.datasets = {i: folder for i in ids if (folder := standin_datasets.build(datasets_root, i))}
-        self.models = {vision: self._weights(vision) for vision in (False, True)}
+        pythons = {python_for(f, args) for f in facts}
+        self.models = {(python, vision): self._weights(python, vision) for python in pythons for vision in (False, True)}
 
-    @staticmethod
-    def _weights(vision: bool) -> Path | None:
+    def _weights(self, python: str, vision: bool) -> Path | None:
+        """The tiny model's folder with weights written by `python`'s Transformers (their layouts differ)."""
         source = standins.model_source(REPO, vision)
         if source is None:
             return None
-        from nbddp.runtime.tiny_model import ensure_weights
+        code = f"from nbddp.runtime.tiny_model import ensure_weights; print(ensure_weights({str(source)!r}))"
+        built = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                               env=nbddp_environment(self.args))
+        return Path(built.stdout.strip().splitlines()[-1])
 
-        return Path(ensure_weights(str(source)))
-
-    def run(self, outcome: Outcome, facts, folder: Path, script: Path) -> None:
+    def run(self, outcome: Outcome, facts, folder: Path, script: Path, python: str) -> None:
         vision = facts.loads_vision_model()
-        model = self.models[vision]
+        model = self.models[python, vision]
         if model is None:
             outcome.stage = "standins"
             outcome.error = f"no stand-in model: {'models/tiny-vision' if vision else 'models/tiny-llama'} missing"
@@ -253,7 +278,7 @@ class Runner:
         standins.assemble(run_dir, standins.model_standin_names(facts.model_ids), model, datasets)
         log_dir = self.logs / slug(outcome.notebook)
         log_dir.mkdir(parents=True, exist_ok=True)
-        command = [self.args.python, "-m", "torch.distributed.run", "--standalone",
+        command = [python, "-m", "torch.distributed.run", "--standalone",
                    "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
         outcome.ran = True
         started = time.monotonic()
@@ -310,6 +335,14 @@ def progress_line(outcome: Outcome) -> str:
 
 
 def describe_environment(args) -> dict:
+    """When, what, where, how; the versions of each stack the sweep runs with ("versions", "notebooks' stack")."""
+    described = _describe(args, args.python)
+    if args.notebooks_python:
+        described["notebooks' stack"] = _describe(args, args.notebooks_python)["versions"]
+    return described
+
+
+def _describe(args, python: str) -> dict:
     probe = ("import json, importlib.metadata as m, torch\n"
              "v = {p: m.version(p) for p in ('torch', 'transformers', 'trl', 'peft', 'datasets')}\n"
              "try: v['unsloth'] = m.version('unsloth')\n"
@@ -318,7 +351,7 @@ def describe_environment(args) -> dict:
              "if torch.cuda.is_available() else 'CPU'\n"
              "print(json.dumps(v))")
     environment = {} if args.gpu else {"CUDA_VISIBLE_DEVICES": ""}
-    versions = json.loads(subprocess.run([args.python, "-c", probe], capture_output=True, text=True, check=True,
+    versions = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True,
                                          env={**os.environ, **environment}).stdout)
     device = versions.pop("device")
     if device == "CPU":

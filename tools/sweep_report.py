@@ -35,6 +35,7 @@ class Outcome:
     stage: str | None = None  # where it stopped: export, compile, standins, run
     error: str | None = None
     seconds: float = 0.0  # of the run
+    stack: str = "main"  # main: --python's; notebooks: --notebooks-python's, for a notebook pinning Transformers 4.x
 
 
 def first_error(text: str) -> str:
@@ -119,12 +120,13 @@ def markdown(outcomes: list[Outcome], environment: dict) -> str:
         lines += ["", "## Failures by first error", "", "| stage | first error | notebooks |", "| --- | --- | --- |"]
         for (stage, error), notebooks in sorted(by_cause.items(), key=lambda item: (-len(item[1]), item[0])):
             lines.append(f"| {stage} | {_cell(error)} | {len(notebooks)}: {_cell(', '.join(notebooks))} |")
-    lines += ["", "## Every notebook", "", "| notebook | category | exported | compiled | ran | passed | run s | first error |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "## Every notebook", "",
+              "| notebook | category | stack | exported | compiled | ran | passed | run s | first error |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for o in outcomes:
         marks = " | ".join("yes" if getattr(o, f) else "-" for f in ("exported", "compiled", "ran", "passed"))
         seconds = f"{o.seconds:.0f}" if o.ran else ""
-        lines.append(f"| {_cell(o.notebook)} | {o.category} | {marks} | {seconds} | {_cell(o.error or '')} |")
+        lines.append(f"| {_cell(o.notebook)} | {o.category} | {o.stack} | {marks} | {seconds} | {_cell(o.error or '')} |")
     return "\n".join(lines) + "\n"
 
 
