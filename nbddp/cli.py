@@ -24,6 +24,7 @@ from nbddp.errors import NbddpError, UsageError
 from nbddp.export import export
 from nbddp.export.help import export_epilog
 from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
+from nbddp.orchestration.new_project import new_project
 from nbddp.orchestration.regress import regress
 from nbddp.orchestration.run import run
 from nbddp.orchestration.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
@@ -35,6 +36,28 @@ class HelpFormatter(argparse.HelpFormatter):
 
     def _split_lines(self, text, width):
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+
+def add_new_command(subcommands) -> None:
+    command = subcommands.add_parser(
+        "new",
+        formatter_class=HelpFormatter,
+        help="write a starter project (stage notebooks, data, a tiny model) into a new folder",
+        description="Write nbddp's default job into DIR, a new or empty folder, as a project to run and then make "
+                    "your own: notebooks/ (three stage notebooks with their jupytext .py pairs), data/, "
+                    "models/tiny-llama/ and generated/train.py exported from them.",
+        epilog="then: cd DIR && nbddp run   (about a minute on two CPU cores; nothing is downloaded). Put your own "
+               "notebooks in notebooks/ as stages 01_<name>.ipynb, 02_<name>.ipynb, ... and run `nbddp export`.",
+    )
+    command.add_argument("directory", metavar="DIR", help="the folder to create (or an empty one)")
+    command.set_defaults(run=run_new)
+
+
+def run_new(args) -> int:
+    script = new_project(args.directory)
+    print(f"wrote the starter project into {args.directory}: notebooks/, data/, models/tiny-llama/, {script.parent.name}/"
+          f"\nnext: cd {args.directory} && nbddp run")
+    return 0
 
 
 def add_export_command(subcommands) -> None:
@@ -239,6 +262,7 @@ def run_regress(args) -> int:
 
 WORKFLOW = """\
 the usual flow:
+  nbddp new DIR                               a starter project to try it on: notebooks, data, a tiny model
   python pipeline.py export                   notebooks/ -> generated/train.py, with a report of every rewrite
   python pipeline.py smoke -p max_steps 3     run that script once as a notebook on one device (papermill)
   python pipeline.py launch -- --max_steps 500
@@ -262,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"nbddp {version()}")
     subcommands = parser.add_subparsers(dest="command", required=True)
+    add_new_command(subcommands)
     add_export_command(subcommands)
     add_smoke_command(subcommands)
     add_launch_command(subcommands)

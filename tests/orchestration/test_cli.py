@@ -177,7 +177,7 @@ def test_the_command_answers_as_nbddp_and_as_pipeline_py():
         version = subprocess.run([*command, "--version"], cwd=REPO, capture_output=True, text=True)
         assert version.returncode == 0 and version.stdout.startswith("nbddp 0."), version.stderr
         usage = subprocess.run([*command, "--help"], cwd=REPO, capture_output=True, text=True).stdout
-        assert usage.startswith(f"usage: {prog} [-h] [--version] {{export,smoke,launch,run,regress}}")
+        assert usage.startswith(f"usage: {prog} [-h] [--version] {{new,export,smoke,launch,run,regress}}")
 
 
 def test_the_console_command_is_declared():
@@ -185,3 +185,11 @@ def test_the_console_command_is_declared():
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert project["scripts"] == {"nbddp": "nbddp.cli:main"}
+
+
+def test_new_writes_a_project_that_is_fresh_and_refuses_to_write_over_one(tmp_path, capsys):
+    assert pipeline.main(["new", str(tmp_path / "project")]) == 0
+    assert f"next: cd {tmp_path / 'project'} && nbddp run" in capsys.readouterr().out
+    assert (tmp_path / "project" / "generated" / "train.py").is_file()
+    assert pipeline.main(["new", str(tmp_path / "project")]) == 2
+    assert "is a folder that is not empty" in capsys.readouterr().err
