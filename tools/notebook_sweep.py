@@ -28,7 +28,7 @@ from nbddp.errors import UsageError
 from tools import standin_datasets, standins
 from tools.categories import CATEGORIES, classify
 from tools.notebook_facts import read_facts
-from tools.sweep_report import Outcome, first_error, table, write
+from tools.sweep_report import Outcome, first_error, merge, read, table, write
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS = Path("/tmp/unb/nb")  # unslothai/notebooks' nb/ at bdda2efc on the machine this was written on
@@ -41,6 +41,7 @@ examples (from the repository root):
   python -m tools.notebook_sweep --only "Llama3.1_(8B)-Alpaca" "Qwen3_(4B)-GRPO"     # export and run just these
   python -m tools.notebook_sweep --run-all --nbddp-commit HEAD                     # every notebook, committed nbddp
   python -m tools.notebook_sweep --run-all --notebooks-python .venv-nb/bin/python  # each on the stack it pins
+  python -m tools.notebook_sweep --only "Gemma3_(4B)-Vision" --update   # rerun one, keep the other results
 
 how long, on 2 CPU cores: all 177 exported and compiled with --sample 3 (26 runs) took 16 min; --run-all
 46 min (a run took 7-35 s: most stop early, the Alpaca ones train their capped steps; --timeout caps each).
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the interpreter for the notebooks that pin Transformers 4.x (see below)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nbddp-sweep"),
                         help="where the notebooks' copies, scripts, stand-ins and outputs go (default: %(default)s)")
+    parser.add_argument("--update", action="store_true",
+                        help="keep RESULTS' other notebooks and replace only the ones run now (with --only)")
     parser.add_argument("--results", type=Path,
                         help="where summary.json, summary.md and logs/ go (default: tools/sweep_results/cpu or gpu)")
     return parser
@@ -120,20 +123,26 @@ def sweep(args) -> int:
           + f" (all {len(notebooks)})", flush=True)
     to_run = chosen_to_run(args, categories)
     results = args.results or REPO / "tools" / "sweep_results" / ("gpu" if args.gpu else "cpu")
-    shutil.rmtree(results / "logs", ignore_errors=True)
+    previous = read(results) if args.update else None
+    for path in (notebooks if args.update else [results / "logs"]):
+        shutil.rmtree(results / "logs" / slug(path.stem) if args.update else path, ignore_errors=True)
     args.work.mkdir(parents=True, exist_ok=True)
     args.nbddp = snapshot(args.nbddp_commit, args.work) if args.nbddp_commit else REPO
     if to_run:
         print(f"building the stand-ins of the {len(to_run)} notebooks to run in {args.work}", flush=True)
     runner = Runner(args, results / "logs", [facts[path] for path in to_run]) if to_run else None
     environment = describe_environment(args)
+    if previous:  # the sweep's environment as it was; the rerun's commit is on each notebook it ran
+        environment = {**previous[0], "updated": f"{environment['date']}: {len(notebooks)} notebooks rerun with nbddp "
+                                                 f"{environment['nbddp']}"}
     outcomes = []
     for number, path in enumerate(notebooks, 1):
         outcome = process(path, categories[path], facts[path], args, runner if path in to_run else None)
         outcomes.append(outcome)
         print(f"[{number}/{len(notebooks)}] {progress_line(outcome)}", flush=True)
-        json_path, markdown_path = write(results, outcomes, environment)  # an interrupted sweep keeps what it did
-    print("\n" + table(outcomes))
+        written = merge(previous[1], outcomes) if previous else outcomes
+        json_path, markdown_path = write(results, written, environment)  # an interrupted sweep keeps what it did
+    print("\n" + table(written))
     print(f"\nwrote {json_path} and {markdown_path}")
     return 0
 
@@ -211,7 +220,8 @@ def python_for(facts, args) -> str:
 
 def process(path: Path, category: str, facts, args, runner) -> Outcome:
     python = python_for(facts, args)
-    outcome = Outcome(path.stem, category, stack="notebooks" if python != args.python else "main")
+    outcome = Outcome(path.stem, category, stack="notebooks" if python != args.python else "main",
+                      nbddp=nbddp_commit(args).split()[0])
     folder = args.work / slug(path.stem)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

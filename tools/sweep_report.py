@@ -4,6 +4,10 @@
     print(table([outcome]))
     write(results_dir, [outcome], environment)  # summary.json and summary.md
 
+`limit(error)` says when that error is the sandbox's, not nbddp's: what a CPU machine without network lacks (a GPU,
+a package outside the stacks, a hub or web download, an audio codec, a model's own code); the tables count those
+apart, so "passed" can be read against what could run here.
+
 `first_error(text)` is the line a reader needs from a failing command's output: nbddp's one-paragraph error (its
 first line, with the notebook cell it came from), else the exception line of the first rank's traceback with
 that cell (a rank that lost its peer in a collective comes last), else the last exception line, else the last line.
@@ -22,6 +26,20 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fa
 NOT_THE_CAUSE = ("torch.distributed.elastic", "ChildFailedError")  # torchrun's summary of a failed rank
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 MAX_ERROR = 300
+# What a CPU machine with no network lacks, by a pattern of the first error: (pattern, what is missing).
+LIMITS = (
+    (r"No module named '(vllm|sglang|torchaudio|torchcodec|langid|sentence_transformers|snac|openai|ollama|"
+     r"llama_cpp|xformers|flash_attn|bitsandbytes|triton|deepspeed|librosa|soundfile|jiwer|evaluate|nemo\w*)'",
+     "a package outside the tested stacks"),
+    (r"install 'torchcodec'|torchaudio|soundfile|librosa", "an audio decoder"),
+    (r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
+     r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable",
+     "the network (a hub or web download)"),
+    (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi",
+     "a GPU"),
+    (r"save_pretrained_gguf|push_to_hub_gguf|llama\.cpp|save_pretrained_torchao", "Unsloth's GPU-only export"),
+    (r"trust_remote_code|add_image_preprocess", "the model's own code"),
+)
 
 
 @dataclasses.dataclass
@@ -36,6 +54,15 @@ class Outcome:
     error: str | None = None
     seconds: float = 0.0  # of the run
     stack: str = "main"  # main: --python's; notebooks: --notebooks-python's, for a notebook pinning Transformers 4.x
+    nbddp: str = ""  # the commit it ran with
+
+
+def limit(error: str | None) -> str | None:
+    """What the sandbox lacks that stopped the run, when the first error says so; None for nbddp's own failures."""
+    for pattern, missing in LIMITS:
+        if error and re.search(pattern, error):
+            return missing
+    return None
 
 
 def first_error(text: str) -> str:
@@ -82,22 +109,25 @@ def cause(error: str) -> str:
 
 
 def counts(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
-    """category -> {notebooks, exported, compiled, ran, passed}, categories in CATEGORIES order, then "all"."""
+    """category -> {notebooks, exported, compiled, ran, passed, limited}, categories in CATEGORIES order, then "all".
+
+    limited: failed on what the sandbox lacks (`limit`)."""
     rows = {}
     for category in (*CATEGORIES, "all"):
         chosen = [o for o in outcomes if category in ("all", o.category)]
         if chosen:
             rows[category] = {"notebooks": len(chosen), **{field: sum(getattr(o, field) for o in chosen)
-                                                            for field in ("exported", "compiled", "ran", "passed")}}
+                                                            for field in ("exported", "compiled", "ran", "passed")},
+                              "limited": sum(o.error is not None and limit(o.error) is not None for o in chosen)}
     return rows
 
 
 def table(outcomes: list[Outcome]) -> str:
     """The counts per category, then each failing notebook's stage and first error (plain text)."""
-    lines = [f"{'category':<22} {'N':>4} {'exported':>9} {'compiled':>9} {'ran':>5} {'passed':>7}"]
+    lines = [f"{'category':<22} {'N':>4} {'exported':>9} {'compiled':>9} {'ran':>5} {'passed':>7} {'limited':>8}"]
     for category, row in counts(outcomes).items():
         lines.append(f"{category:<22} {row['notebooks']:>4} {row['exported']:>9} {row['compiled']:>9} "
-                     f"{row['ran']:>5} {row['passed']:>7}")
+                     f"{row['ran']:>5} {row['passed']:>7} {row['limited']:>8}")
     failures = [o for o in outcomes if o.error]
     if failures:
         lines += ["", "first error of each notebook that did not pass:"]
@@ -108,30 +138,52 @@ def table(outcomes: list[Outcome]) -> str:
 def markdown(outcomes: list[Outcome], environment: dict) -> str:
     lines = ["# nbddp sweep of Unsloth's notebooks", ""]
     lines += [f"- {key}: {value}" for key, value in environment.items()]
-    lines += ["", "| category | N | exported | compiled | ran | passed |", "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "limited: stopped by what this machine lacks (`limit` in tools/sweep_report.py: a GPU, the network, a "
+              "package outside the tested stacks, a model's own code), not by nbddp.",
+              "", "| category | N | exported | compiled | ran | passed | limited |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for category, row in counts(outcomes).items():
         lines.append(f"| {category} | {row['notebooks']} | {row['exported']} | {row['compiled']} | {row['ran']} "
-                     f"| {row['passed']} |")
+                     f"| {row['passed']} | {row['limited']} |")
     by_cause = defaultdict(list)
     for outcome in outcomes:
         if outcome.error:
             by_cause[(outcome.stage, cause(outcome.error))].append(outcome.notebook)
     if by_cause:
-        lines += ["", "## Failures by first error", "", "| stage | first error | notebooks |", "| --- | --- | --- |"]
+        lines += ["", "## Failures by first error", "", "| stage | first error | lacking | notebooks |",
+                  "| --- | --- | --- | --- |"]
         for (stage, error), notebooks in sorted(by_cause.items(), key=lambda item: (-len(item[1]), item[0])):
-            lines.append(f"| {stage} | {_cell(error)} | {len(notebooks)}: {_cell(', '.join(notebooks))} |")
+            lines.append(f"| {stage} | {_cell(error)} | {limit(error) or '-'} | {len(notebooks)}: "
+                         f"{_cell(', '.join(notebooks))} |")
     lines += ["", "## Every notebook", "",
-              "| notebook | category | stack | exported | compiled | ran | passed | run s | first error |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| notebook | category | stack | nbddp | exported | compiled | ran | passed | run s | first error |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for o in outcomes:
         marks = " | ".join("yes" if getattr(o, f) else "-" for f in ("exported", "compiled", "ran", "passed"))
         seconds = f"{o.seconds:.0f}" if o.ran else ""
-        lines.append(f"| {_cell(o.notebook)} | {o.category} | {o.stack} | {marks} | {seconds} | {_cell(o.error or '')} |")
+        lines.append(f"| {_cell(o.notebook)} | {o.category} | {o.stack} | {o.nbddp} | {marks} | {seconds} "
+                     f"| {_cell(o.error or '')} |")
     return "\n".join(lines) + "\n"
 
 
 def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
+
+
+def read(results_dir: Path) -> tuple[dict, list[Outcome]] | None:
+    """The environment and outcomes of results_dir/summary.json, or None when there is none."""
+    path = results_dir / "summary.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text(encoding="utf-8"))
+    return summary["environment"], [Outcome(**row) for row in summary["notebooks"]]
+
+
+def merge(previous: list[Outcome], new: list[Outcome]) -> list[Outcome]:
+    """`previous` with each notebook of `new` in its place (new ones at the end)."""
+    by_name = {outcome.notebook: outcome for outcome in new}
+    kept = [by_name.pop(outcome.notebook, outcome) for outcome in previous]
+    return kept + list(by_name.values())
 
 
 def write(results_dir: Path, outcomes: list[Outcome], environment: dict) -> tuple[Path, Path]:

@@ -1,7 +1,7 @@
 """tools/sweep_report.py: the first error of a failing command, and the tables the sweep prints and writes."""
 import json
 
-from tools.sweep_report import Outcome, cause, counts, first_error, markdown, table, write
+from tools.sweep_report import Outcome, cause, counts, first_error, limit, markdown, merge, read, table, write
 
 ORIGIN = "nbddp: ../out/train.py line {line} comes from /w/X/01_nb.ipynb, cell {cell}, line 3"
 
@@ -53,20 +53,30 @@ def outcomes():
     return [Outcome("A-Alpaca", "alpaca-sft", True, True, True, True, seconds=9.4),
             Outcome("B-Alpaca", "alpaca-sft", True, True, True, False, "run", "KeyError: 0 [01_nb.ipynb, cell 3, line 1]"),
             Outcome("C-GRPO", "grpo", True, True, True, False, "run", "KeyError: 0 [01_nb.ipynb, cell 7, line 2]"),
-            Outcome("D-TTS", "audio", False, stage="export", error="01_nb.ipynb, cell 2, line 1: unknown magic")]
+            Outcome("D-TTS", "audio", False, stage="export", error="01_nb.ipynb, cell 2, line 1: unknown magic"),
+            Outcome("E-GRPO", "grpo", True, True, True, False, "run",
+                    "ModuleNotFoundError: No module named 'vllm' [01_nb.ipynb, cell 4, line 1]")]
 
 
 def test_counts_per_category_in_order_then_all():
     assert counts(outcomes()) == {
-        "alpaca-sft": {"notebooks": 2, "exported": 2, "compiled": 2, "ran": 2, "passed": 1},
-        "grpo": {"notebooks": 1, "exported": 1, "compiled": 1, "ran": 1, "passed": 0},
-        "audio": {"notebooks": 1, "exported": 0, "compiled": 0, "ran": 0, "passed": 0},
-        "all": {"notebooks": 4, "exported": 3, "compiled": 3, "ran": 3, "passed": 1}}
+        "alpaca-sft": {"notebooks": 2, "exported": 2, "compiled": 2, "ran": 2, "passed": 1, "limited": 0},
+        "grpo": {"notebooks": 2, "exported": 2, "compiled": 2, "ran": 2, "passed": 0, "limited": 1},
+        "audio": {"notebooks": 1, "exported": 0, "compiled": 0, "ran": 0, "passed": 0, "limited": 0},
+        "all": {"notebooks": 5, "exported": 4, "compiled": 4, "ran": 4, "passed": 1, "limited": 1}}
+
+
+def test_limit_names_what_the_sandbox_lacks_and_nothing_for_nbddps_own_failures():
+    assert limit("ModuleNotFoundError: No module named 'vllm'") == "a package outside the tested stacks"
+    assert limit("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find ...") == "the network (a hub or web download)"
+    assert limit("RuntimeError: sglang needs an NVIDIA GPU, and this session has none.") == "a GPU"
+    assert limit("ModuleNotFoundError: No module named 'nbddp.runtime.oops'") is None
+    assert limit("KeyError: 0 [01_nb.ipynb, cell 3, line 1]") is None and limit(None) is None
 
 
 def test_table_lists_each_failure_with_its_stage():
     text = table(outcomes())
-    assert text.splitlines()[1].split() == ["alpaca-sft", "2", "2", "2", "2", "1"]
+    assert text.splitlines()[1].split() == ["alpaca-sft", "2", "2", "2", "2", "1", "0"]
     assert "  D-TTS (audio, export): 01_nb.ipynb, cell 2, line 1: unknown magic" in text
     assert "A-Alpaca (" not in text
 
@@ -75,13 +85,25 @@ def test_markdown_groups_failures_by_cause_across_cells():
     assert cause("KeyError: 0 [01_nb.ipynb, cell 3, line 1]") == "KeyError: 0"
     text = markdown(outcomes(), {"nbddp": "abc1234"})
     assert "- nbddp: abc1234" in text
-    assert "| run | KeyError: 0 | 2: B-Alpaca, C-GRPO |" in text
-    assert "| A-Alpaca | alpaca-sft | yes | yes | yes | yes | 9 |  |" in text
+    assert "| run | KeyError: 0 | - | 2: B-Alpaca, C-GRPO |" in text
+    assert "| run | ModuleNotFoundError: No module named 'vllm' | a package outside the tested stacks | 1: E-GRPO |" in text
+    assert "| A-Alpaca | alpaca-sft | main |  | yes | yes | yes | yes | 9 |  |" in text
+
+
+def test_read_gives_back_what_write_wrote_and_merge_replaces_by_name(tmp_path):
+    write(tmp_path, outcomes(), {"date": "today"})
+    environment, previous = read(tmp_path)
+    assert environment == {"date": "today"} and previous == outcomes()
+    rerun = [Outcome("C-GRPO", "grpo", True, True, True, True, nbddp="abc1234"), Outcome("F-New", "other")]
+    merged = merge(previous, rerun)
+    assert [o.notebook for o in merged] == ["A-Alpaca", "B-Alpaca", "C-GRPO", "D-TTS", "E-GRPO", "F-New"]
+    assert merged[2].passed and merged[2].nbddp == "abc1234" and merged[1] == previous[1]
+    assert read(tmp_path / "none") is None
 
 
 def test_write_json_and_markdown(tmp_path):
     json_path, markdown_path = write(tmp_path / "results", outcomes(), {"date": "today"})
     summary = json.loads(json_path.read_text())
     assert summary["environment"] == {"date": "today"} and summary["counts"]["all"]["passed"] == 1
-    assert [row["notebook"] for row in summary["notebooks"]] == ["A-Alpaca", "B-Alpaca", "C-GRPO", "D-TTS"]
+    assert [row["notebook"] for row in summary["notebooks"]] == ["A-Alpaca", "B-Alpaca", "C-GRPO", "D-TTS", "E-GRPO"]
     assert markdown_path.read_text().startswith("# nbddp sweep")
