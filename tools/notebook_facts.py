@@ -30,6 +30,7 @@ class NotebookFacts:
     model_ids: list[str]  # hub-style ids the notebook loads a model or tokenizer from, in order of appearance
     dataset_ids: list[str]  # hub ids passed to load_dataset, in order of appearance
     pins: dict[str, str]  # package -> the version the install cell pins: {"transformers": "4.56.2", "trl": "0.22.2"}
+    chat_templates: list[str]  # the templates get_chat_template is given: get_chat_template(processor, "gemma-3")
 
     def keyword_true(self, name: str) -> bool:
         return True in self.keywords.get(name, [])
@@ -56,7 +57,7 @@ def code_cells(notebook: Path) -> list[str]:
 
 
 def read_facts(notebook: Path) -> NotebookFacts:
-    facts = NotebookFacts(set(), set(), {}, [], [], [], {})
+    facts = NotebookFacts(set(), set(), {}, [], [], [], {}, [])
     transformer = TransformerManager()
     assigned, loaded = {}, []  # variable -> the strings assigned to it; variables a loader was given
     for source in code_cells(notebook):
@@ -112,6 +113,9 @@ def _collect_call(node: ast.Call, facts: NotebookFacts) -> list[str]:
             except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
                 pass
     first = _literal_string(node.args[0]) if node.args else None
+    if name.rsplit(".", 1)[-1] == "get_chat_template":
+        given = [k.value for k in node.keywords if k.arg == "chat_template"] + node.args[1:2]
+        facts.chat_templates += [value for value in map(_literal_string, given) if value]
     if name.endswith("from_pretrained"):
         keyword_names = ("model_name", "pretrained_model_name_or_path")
         given = [k.value for k in node.keywords if k.arg in keyword_names] + node.args[:1]

@@ -262,26 +262,28 @@ class Runner:
         # datasets' cache can hand out an older stand-in's rows for the rebuilt files: every sweep starts without it
         shutil.rmtree(args.work / "hf-home", ignore_errors=True)
         self.datasets = {i: folder for i in ids if (folder := standin_datasets.build(datasets_root, i))}
-        pythons = {python_for(f, args) for f in facts}
-        self.models = {(python, vision): self._weights(python, vision) for python in pythons for vision in (False, True)}
+        self._weights = {}  # (python, model folder) -> the folder with weights
 
-    def _weights(self, python: str, vision: bool) -> Path | None:
-        """The tiny model's folder with weights written by `python`'s Transformers (their layouts differ)."""
-        source = standins.model_source(REPO, vision)
-        if source is None:
-            return None
-        code = f"from nbddp.runtime.tiny_model import ensure_weights; print(ensure_weights({str(source)!r}))"
-        built = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
-                               env=nbddp_environment(self.args))
-        return Path(built.stdout.strip().splitlines()[-1])
+    def weights(self, python: str, source: Path) -> Path:
+        """`source` with weights written by `python`'s Transformers (their layouts differ), built once."""
+        if (python, source) not in self._weights:
+            code = f"from nbddp.runtime.tiny_model import ensure_weights; print(ensure_weights({str(source)!r}))"
+            built = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
+                                   env=nbddp_environment(self.args))
+            self._weights[python, source] = Path(built.stdout.strip().splitlines()[-1])
+        return self._weights[python, source]
 
     def run(self, outcome: Outcome, facts, folder: Path, script: Path, python: str) -> None:
         vision = facts.loads_vision_model()
-        model = self.models[python, vision]
-        if model is None:
+        source = standins.model_source(REPO, vision)
+        if source is None:
             outcome.stage = "standins"
             outcome.error = f"no stand-in model: {'models/tiny-vision' if vision else 'models/tiny-llama'} missing"
             return
+        image_token = standins.image_token(facts.chat_templates) if vision else None
+        if image_token:
+            source = standins.vision_variant(source, image_token, self.args.work / "models")
+        model = self.weights(python, source)
         run_dir = folder / "run"
         run_dir.mkdir()
         datasets = {i: self.datasets[i] for i in self.datasets if i in facts.dataset_ids or facts.mentions(i)}
