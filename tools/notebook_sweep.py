@@ -281,8 +281,11 @@ class Runner:
             outcome.error = f"no stand-in model: {'models/tiny-vision' if vision else 'models/tiny-llama'} missing"
             return
         image_token = standins.image_token(facts.chat_templates) if vision else None
+        family = standins.family_template(facts.model_ids) if not vision and source.name == "tiny-chat" else None
         if image_token:
             source = standins.vision_variant(source, image_token, self.args.work / "models")
+        elif family:
+            source = standins.text_variant(source, family, self.args.work / "models")
         model = self.weights(python, source)
         run_dir = folder / "run"
         run_dir.mkdir()

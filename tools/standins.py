@@ -11,7 +11,10 @@ unchanged from `run_dir`. With `load_in_4bit=True` Unsloth loads `unsloth/X` as 
 a `-bnb-4bit` name as `unsloth/X`: every `unsloth/` id gets all three names. Each name is a symbolic link to the
 tiny model that fits the notebook (`model_source`), and each dataset id to its generated stand-in.
 
-A vision notebook that sets one of Unsloth's templates on the processor (`get_chat_template(processor, "gemma-3")`)
+A text notebook gets the chat template of its model's family from Unsloth's table (`family_template`, a Gemma 4
+id -> "gemma-4"), as the real tokenizer would bring its own: the markers a notebook hands `train_on_responses_only`
+and the message shapes it renders (a Gemma 4 notebook's list of content parts) are the family's; `text_variant`
+makes that copy of the tiny chat model. A vision notebook that sets one of Unsloth's templates on the processor (`get_chat_template(processor, "gemma-3")`)
 writes that template's image placeholder (`<start_of_image>`) where the tiny Llava's processor looks for `<image>`;
 `vision_variant` makes a copy of the tiny Llava whose image token is the template's (`image_token`).
 """
@@ -22,6 +25,13 @@ import shutil
 from pathlib import Path
 
 TINY_IMAGE_TOKEN = "<image>"  # models/tiny-vision's processor_config.json
+TABLE = Path(__file__).resolve().parent.parent / "nbddp" / "runtime" / "unsloth_chat_templates.json"
+# A model id's family (its lowercased id matches the pattern) -> the template of Unsloth's table its tokenizer has;
+# the first match wins. Families whose template the table lacks keep the tiny chat model's ChatML.
+FAMILIES = ((r"gemma-?4", "gemma-4"), (r"gemma-?3n", "gemma-3n"), (r"gemma-?3|medgemma|functiongemma", "gemma-3"),
+            (r"gemma", "gemma"), (r"qwen-?3", "qwen-3"), (r"qwen|qwq", "qwen-2.5"), (r"llama-?3", "llama-3.1"),
+            (r"phi-?4", "phi-4"), (r"phi-?3", "phi-3"), (r"mistral|ministral|magistral|pixtral|devstral", "mistral"),
+            (r"gpt-oss", "gpt-oss"), (r"lfm-?2", "lfm-2"))
 QUANTIZED_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit")  # longest first: both end in -bnb-4bit
 TEXT_MODELS = ("models/tiny-chat", "models/tiny-llama")  # the first that exists; tiny-chat has chat tokens
 VISION_MODELS = ("models/tiny-vision",)
@@ -58,13 +68,47 @@ def assemble(run_dir: Path, model_names: list[str], model_folder: Path | None, d
         os.symlink(Path(target).resolve(), link, target_is_directory=True)
 
 
+def _template(name: str) -> str:
+    """The text of the table's template `name` ("" when the table has none)."""
+    table = json.loads(TABLE.read_text(encoding="utf-8"))
+    entry = table["chat_templates"].get(name)
+    return table["templates"].get(entry["template"], "") if isinstance(entry, dict) else ""
+
+
+def family_template(model_ids: list[str]) -> str | None:
+    """The table's template of the first model id whose family it knows."""
+    for model_id in model_ids:
+        for pattern, name in FAMILIES:
+            if re.search(pattern, model_id.lower()) and _template(name):
+                return name
+    return None
+
+
+def text_variant(source: Path, template_name: str, folder: Path) -> Path:
+    """A copy of the tiny chat model in `folder` whose tokenizer's chat template is the table's `template_name`."""
+    target = folder / f"{source.name}-{template_name}"
+    if not target.is_dir():
+        staging = _staging(target)
+        for path in sorted(p for p in source.iterdir() if p.is_file()):
+            shutil.copyfile(path, staging / path.name)
+        config = json.loads((staging / "tokenizer_config.json").read_text(encoding="utf-8"))
+        config["chat_template"] = _template(template_name)
+        (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        staging.rename(target)
+    return target
+
+
+def _staging(target: Path) -> Path:
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
 def image_token(template_names: list[str]) -> str | None:
     """The image placeholder that the first of Unsloth's templates named here writes, if it writes one."""
-    table = json.loads((Path(__file__).resolve().parent.parent / "nbddp" / "runtime" /
-                        "unsloth_chat_templates.json").read_text(encoding="utf-8"))
     for name in template_names:
-        entry = table["chat_templates"].get(name)
-        template = table["templates"].get(entry["template"], "") if isinstance(entry, dict) else ""
+        template = _template(name)
         found = re.search(r"item\['type'\] == 'image' -%}\s*\{\{-? '([^']+)' -?\}\}", template)
         if found:
             return found[1]
@@ -77,9 +121,7 @@ def vision_variant(source: Path, token: str, folder: Path) -> Path:
         return source
     target = folder / f"{source.name}-{re.sub(r'[^A-Za-z0-9]+', '_', token).strip('_')}"
     if not target.is_dir():
-        staging = target.with_name(target.name + ".partial")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
+        staging = _staging(target)
         for path in sorted(p for p in source.iterdir() if p.is_file()):
             (staging / path.name).write_text(path.read_text(encoding="utf-8").replace(TINY_IMAGE_TOKEN, token),
                                              encoding="utf-8")

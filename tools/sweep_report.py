@@ -33,7 +33,8 @@ LIMITS = (
      "a package outside the tested stacks"),
     (r"install 'torchcodec'|torchaudio|soundfile|librosa", "an audio decoder"),
     (r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
-     r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable",
+     r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
+     r"URLError|Name or service not known|Unable to find .https?://",
      "the network (a hub or web download)"),
     (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi",
      "a GPU"),
