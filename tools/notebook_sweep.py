@@ -52,6 +52,11 @@ is offline (HF_HUB_OFFLINE=1) and every model and dataset id a notebook names is
 checks nbddp's rewrites and runtime on the notebook's own code, not the model's quality. Each sweep replaces
 RESULTS' summary and logs.
 
+unsloth_zoo: the GRPO notebooks that run model-written code do it through Unsloth's sandbox helpers
+(`from unsloth import create_locked_down_function`), which the fallback loads from unsloth_zoo's own file; without a
+GPU, install it alone and put it on the path: pip install --no-deps --target DIR unsloth-zoo==2026.10.9, then
+PYTHONPATH=DIR python -m tools.notebook_sweep ... (the sweep's commands inherit PYTHONPATH).
+
 --notebooks-python: most of the notebooks pin transformers==4.56.2 and trl==0.22.2 in the install cell that export
 drops, as a researcher running one has installed. With the interpreter of a virtual environment made from
 requirements-notebooks.txt, every notebook whose install cell pins Transformers 4.x exports and runs with it, the
@@ -360,8 +365,9 @@ def describe_environment(args) -> dict:
 def _describe(args, python: str) -> dict:
     probe = ("import json, importlib.metadata as m, torch\n"
              "v = {p: m.version(p) for p in ('torch', 'transformers', 'trl', 'peft', 'datasets')}\n"
-             "try: v['unsloth'] = m.version('unsloth')\n"
-             "except m.PackageNotFoundError: pass\n"
+             "for p in ('unsloth', 'unsloth_zoo'):\n"
+             "    try: v[p] = m.version(p)\n"
+             "    except m.PackageNotFoundError: pass\n"
              "v['device'] = torch.cuda.get_device_name(0) + f' x{torch.cuda.device_count()}' "
              "if torch.cuda.is_available() else 'CPU'\n"
              "print(json.dumps(v))")

@@ -29,6 +29,7 @@ import torch
 
 from nbddp.errors import UsageError
 from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
+from nbddp.runtime import hf_rl_environments
 from nbddp.runtime.checkpointing import peft_mode
 from nbddp.runtime.models import require_model
 
@@ -71,6 +72,8 @@ def __getattr__(name):
         return hf_trainer if name == "trainer" else getattr(hf_trainer, name)
     if name in CHAT_TEMPLATE_NAMES:
         return getattr(chat_templates, name)
+    if name in hf_rl_environments.NAMES:
+        return getattr(hf_rl_environments.load(), name)
     if name == "FastSentenceTransformer":
         raise UsageError(
             "unsloth.FastSentenceTransformer (embedding models) is not in nbddp's Transformers+PEFT fallback "
