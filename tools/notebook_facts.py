@@ -43,9 +43,10 @@ class NotebookFacts:
         """A `<...trainer...>.train()` call: `trainer.train()`, `grpo_trainer.train()`."""
         return any(call.endswith(".train") and "trainer" in call.lower() for call in self.calls)
 
-    def pins_transformers_4(self) -> bool:
-        """The install cell pins Transformers 4.x: the notebook was written for the stack of requirements-notebooks.txt."""
-        return self.pins.get("transformers", "").startswith("4.")
+    def pins_old_stack(self) -> bool:
+        """The install cell pins Transformers 4.x or TRL 0.x: the notebook was written for the stack of
+        requirements-notebooks.txt (TRL's config keywords changed most across its 1.0)."""
+        return self.pins.get("transformers", "").startswith("4.") or self.pins.get("trl", "").startswith("0.")
 
     def mentions(self, text: str) -> bool:
         return any(text in string for string in self.strings)

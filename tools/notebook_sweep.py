@@ -59,8 +59,8 @@ PYTHONPATH=DIR python -m tools.notebook_sweep ... (the sweep's commands inherit 
 
 --notebooks-python: most of the notebooks pin transformers==4.56.2 and trl==0.22.2 in the install cell that export
 drops, as a researcher running one has installed. With the interpreter of a virtual environment made from
-requirements-notebooks.txt, every notebook whose install cell pins Transformers 4.x exports and runs with it, the
-others with --python; the tables say which stack ran each.
+requirements-notebooks.txt, every notebook whose install cell pins Transformers 4.x or TRL 0.x exports and runs
+with it, the others with --python; the tables say which stack ran each.
 
 --gpu, on a CUDA host with Unsloth installed (README.md, "GPU install"): the same flow with the scripts'
 --backend unsloth (or --backend auto) on --nproc-per-node 1 or 2 GPUs, the GPUs left visible. Not run on the
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--python", type=interpreter, default=sys.executable,
                         help="the interpreter that exports and runs (default: this one, %(default)s)")
     parser.add_argument("--notebooks-python", type=interpreter, metavar="PYTHON",
-                        help="the interpreter for the notebooks that pin Transformers 4.x (see below)")
+                        help="the interpreter for the notebooks that pin Transformers 4.x or TRL 0.x (see below)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nbddp-sweep"),
                         help="where the notebooks' copies, scripts, stand-ins and outputs go (default: %(default)s)")
     parser.add_argument("--update", action="store_true",
@@ -219,8 +219,8 @@ def slug(notebook: str) -> str:
 
 
 def python_for(facts, args) -> str:
-    """--notebooks-python for a notebook that pins Transformers 4.x, when given; else --python."""
-    return args.notebooks_python if args.notebooks_python and facts.pins_transformers_4() else args.python
+    """--notebooks-python for a notebook that pins Transformers 4.x or TRL 0.x, when given; else --python."""
+    return args.notebooks_python if args.notebooks_python and facts.pins_old_stack() else args.python
 
 
 def process(path: Path, category: str, facts, args, runner) -> Outcome:

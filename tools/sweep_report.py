@@ -54,7 +54,7 @@ class Outcome:
     stage: str | None = None  # where it stopped: export, compile, standins, run
     error: str | None = None
     seconds: float = 0.0  # of the run
-    stack: str = "main"  # main: --python's; notebooks: --notebooks-python's, for a notebook pinning Transformers 4.x
+    stack: str = "main"  # main: --python's; notebooks: --notebooks-python's (the notebook pins the old stack)
     nbddp: str = ""  # the commit it ran with
 
 
