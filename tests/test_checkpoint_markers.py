@@ -84,3 +84,55 @@ def test_rotation_spares_the_best_checkpoint_and_keeps_all_without_a_limit(tmp_p
     assert checkpoint_markers.rotate(tmp_path, keep=0) == []
     deleted = checkpoint_markers.rotate(tmp_path, keep=1, protected=[str(tmp_path / "checkpoint-2"), None])
     assert [path.name for path in deleted] == ["checkpoint-4"]
+
+
+def test_the_marker_names_its_run_and_older_markers_have_none(tmp_path):
+    run = checkpoint_markers.new_run_id()
+    path = write_checkpoint(tmp_path, 4, complete=False)
+    assert checkpoint_markers.mark_complete(path, 4, world_size=2, run=run).run == run
+    assert json.loads((path / MARKER).read_text())["run"] == run
+    assert checkpoint_markers.read_marker(path).run == run
+    older = write_checkpoint(tmp_path, 8, completed_at=1000.0)  # the JSON before runs had ids
+    assert checkpoint_markers.read_marker(older).run is None
+    assert checkpoint_markers.new_run_id() != run
+
+
+def test_unmark_makes_a_checkpoint_incomplete_and_keeps_its_files(tmp_path):
+    path = write_checkpoint(tmp_path, 4)
+    checkpoint_markers.unmark(path)
+    checkpoint_markers.unmark(path)  # nothing to remove: nothing happens
+    assert checkpoint_markers.read_marker(path) is None
+    assert [p.name for p in path.iterdir()] == ["adapter_model.safetensors"]
+
+
+def test_move_aside_takes_every_checkpoint_of_the_folder_into_its_runs_folder(tmp_path):
+    run = "20261201T101500Z-3fa2c1"
+    checkpoint_markers.mark_complete(write_checkpoint(tmp_path, 2, complete=False), 2, world_size=1, run=run)
+    write_checkpoint(tmp_path, 4, complete=False)  # half-written: moved too, never rewritten in place
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "trainer-2").mkdir()
+    moved = checkpoint_markers.move_aside(tmp_path)
+    assert moved == tmp_path / "nbddp-previous-runs" / run
+    assert sorted(p.name for p in moved.iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert checkpoint_markers.read_marker(moved / "checkpoint-2").run == run  # still complete, marker and all
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "nbddp-previous-runs", "trainer-2"]
+    assert checkpoint_markers.move_aside(tmp_path) is None  # nothing left to move
+
+
+def test_move_aside_never_merges_into_a_folder_that_exists(tmp_path):
+    write_checkpoint(tmp_path, 2, completed_at=1000.0)  # no run id: "unknown"
+    first = checkpoint_markers.move_aside(tmp_path)
+    write_checkpoint(tmp_path, 2, complete=False)
+    second = checkpoint_markers.move_aside(tmp_path)
+    assert (first.name, second.name) == ("unknown", "unknown-2")
+    assert (first / "checkpoint-2" / MARKER).exists() and not (second / "checkpoint-2" / MARKER).exists()
+
+
+def test_rotation_of_one_run_spares_the_checkpoints_of_another(tmp_path):
+    for step, at, run in [(50, 1.0, "old"), (2, 2.0, "new"), (4, 3.0, "new"), (6, 4.0, "new")]:
+        path = write_checkpoint(tmp_path, step, complete=False)
+        checkpoint_markers.mark_complete(path, step, world_size=1, run=run)
+        (path / MARKER).write_text(json.dumps({"step": step, "world_size": 1, "completed_at": at, "run": run}))
+    deleted = checkpoint_markers.rotate(tmp_path, keep=1, run="new")
+    assert [path.name for path in deleted] == ["checkpoint-2", "checkpoint-4"]
+    assert [c.step for c in checkpoint_markers.complete_checkpoints(tmp_path)] == [50, 6]

@@ -14,17 +14,15 @@ import os
 import subprocess
 import sys
 import threading
-from datetime import timedelta
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
-from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
 from nbddp.runtime import batch_plan
-from nbddp.runtime.flags import running_in_kernel
+from nbddp.runtime.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
 # transformers' bitsandbytes optimizers (transformers.trainer_optimizer._BITSANDBYTES_OPTIMIZERS): they need
@@ -238,43 +236,21 @@ class DistributedContext:
         return "adamw_torch"
 
     def checkpoint_to_resume(self, trainer):
-        """For `trainer.train(resume_from_checkpoint=...)`: the newest complete checkpoint in the trainer's
-        output_dir when this run resumes (`--resume`, or torchrun restarted the workers), else None.
-
-        Rank 0 first deletes the checkpoint directories a stopped run left half-written, then chooses; every
-        rank gets rank 0's choice, so all of them load the same checkpoint. A checkpoint trained with another global
-        batch (another --batch_layout or process count under per-device) is refused, on every rank.
+        """For `trainer.train(resume_from_checkpoint=...)`: the newest complete checkpoint of the trainer (in its
+        output_dir, or in its own folder there: see `checkpoint_callback.checkpoint_folder`) when this run resumes
+        (`--resume`, or torchrun restarted the workers), else None. Rank 0 chooses, every rank gets its choice;
+        a checkpoint of another global batch is refused (`checkpoint_callback.resume_point`).
         """
         if not self.resume:
             return None
-        output_dir = trainer.args.output_dir
-        decision = [None, None]  # (the checkpoint's path, why resuming it is refused)
-        if self.is_main_process:
-            for path in checkpoint_markers.incomplete_dirs(output_dir):
-                print(f"nbddp: removing {path}: incomplete (the run stopped while writing it)", flush=True)
-                checkpoint_markers.remove(path)
-            chosen = checkpoint_markers.latest_complete(output_dir)
-            decision = [str(chosen.path) if chosen else None, _changed_batch(chosen, batch_plan.of(trainer.args))]
-            if decision[1] is None:
-                self._announce_resume(chosen, output_dir)
-        if dist.is_initialized():
-            dist.broadcast_object_list(decision, src=0, device=self.device)
-        if decision[1]:
-            raise UsageError(decision[1])
-        return decision[0]
+        from nbddp.runtime import checkpoint_callback  # imports transformers: only once a trainer is built
 
-    def _announce_resume(self, chosen, output_dir):
         why = f"torchrun restart {self.restart_count}" if self.restart_count else "--resume"
-        if chosen is None:
-            print(f"nbddp: {why}: no complete checkpoint in {output_dir}; training from the start", flush=True)
-            return
-        print(f"nbddp: {why}: resuming from {chosen.path} (step {chosen.step})", flush=True)
-        if chosen.world_size != self.world_size and chosen.global_batch is None:  # before markers had it
-            print(f"nbddp: warning: {chosen.path} was written by {chosen.world_size} processes, this run has "
-                  f"{self.world_size}: the batches after it may differ from an uninterrupted run's", file=sys.stderr)
+        return checkpoint_callback.resume_point(trainer, why, self.world_size)
 
     def shutdown(self):
-        """Wait for every rank, then leave the process group; harmless without one or when called twice.
+        """Wait for every rank, remove the machine's once-per-machine folder (local rank 0), then leave the process
+        group; harmless without one or when called twice.
 
         A script (not a kernel) whose group was gloo then ends here, with status 0, without the interpreter's
         finalization: see `exit_without_finalization`. It is the generated script's last statement.
@@ -283,20 +259,11 @@ class DistributedContext:
             return
         gloo = dist.get_backend() == "gloo"
         self.barrier()
+        if self.local_rank == 0:
+            self._once.remove()  # every rank of the machine is past its last `!command` and `%%writefile`
         dist.destroy_process_group()
         if gloo and not running_in_kernel():
             exit_without_finalization()
-
-
-def _changed_batch(checkpoint, plan) -> str | None:
-    """What to say when `checkpoint` was trained with another global batch than `plan`'s: resuming would change
-    the training in mid-run (and Trainer would skip a wrong number of batches to find its place in the data)."""
-    if checkpoint is None or plan is None or checkpoint.global_batch in (None, plan.global_batch):
-        return None
-    return (f"--resume: {checkpoint.path} was trained with a global batch of {checkpoint.global_batch} rows per step, "
-            f"this run's is {plan.global_batch} ({plan.describe()}); resuming would change the training in mid-run. "
-            f"Resume with the layout it was written with (--batch_layout, the process count), or train afresh in "
-            f"another output_dir")
 
 
 def _field_default(config_class, name):
@@ -366,8 +333,8 @@ def init_distributed(resume=False, batch_layout="notebook") -> DistributedContex
             f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible: "
             f"use torchrun --nproc_per_node {torch.cuda.device_count()} or fewer"
         )
+    timeout = process_group_timeout()  # checked on one process too: a smoke run finds a bad NBDDP_TIMEOUT_S
     if world_size > 1 and not dist.is_initialized():
-        timeout = timedelta(seconds=float(os.environ.get("NBDDP_TIMEOUT_S", "1800")))
         if on_gpu:
             # Before anything touches CUDA, so no rank opens a context on GPU 0 by accident.
             torch.cuda.set_device(device)
