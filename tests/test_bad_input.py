@@ -131,3 +131,31 @@ def test_an_unknown_flag_or_a_wrongly_typed_value(tmp_path, flags, message):
     result = run_script(*flags, "--output_dir", str(tmp_path / "out"))
     assert_one_paragraph(result, message)
     assert files_under(tmp_path) == []
+
+
+def test_an_output_dir_from_the_environment_that_cannot_be_written(no_parameters):
+    # A script without an `output_dir` parameter trains into NBDDP_OUTPUT_DIR (ddp.output_dir): checked first too.
+    (no_parameters / "file").write_text("")
+    before = files_under(no_parameters)
+    result = run_script(cwd=no_parameters, script="generated/train.py",
+                        env={"NBDDP_OUTPUT_DIR": str(no_parameters / "file" / "out")})
+    assert_one_paragraph(result, f"nbddp: error: NBDDP_OUTPUT_DIR '{no_parameters / 'file' / 'out'}': "
+                                 f"{no_parameters / 'file'} is a file, not a directory")
+    assert result.stdout == "" and files_under(no_parameters) == before
+
+
+@needs_generated_script
+def test_a_dtype_that_is_none_of_the_models(tmp_path):
+    result = run_script("--dtype", "float17", "--output_dir", str(tmp_path / "out"))
+    assert_one_paragraph(result, "argument --dtype: expected None (auto detection) or one of float16, bfloat16, "
+                                 "float32, not 'float17'")
+    assert files_under(tmp_path) == []
+
+
+@needs_generated_script
+@pytest.mark.parametrize("timeout", ["abc", "0", "-5"])
+def test_a_process_group_timeout_that_is_no_number_of_seconds(scratch, timeout):
+    result = run_script("--max_steps", "1", "--output_dir", str(scratch["out"]),
+                        env={**scratch["env"], "NBDDP_TIMEOUT_S": timeout})
+    assert_one_paragraph(result, f"nbddp: error: NBDDP_TIMEOUT_S='{timeout}': expected a number of seconds above 0")
+    assert not scratch["out"].exists()

@@ -143,6 +143,11 @@ def _break(notebooks, how):
     elif how == "empty pipeline":
         for path in notebooks.iterdir():
             path.unlink()
+    elif how == "dangling stage link":
+        (notebooks / "03_eval.ipynb").symlink_to("../elsewhere/eval.ipynb")
+    elif how == "misnamed stages":
+        for name in ("03-train.ipynb", "4_eval.ipynb", "100_report.ipynb"):
+            write_stage(notebooks, name, [code("x = 1")])
 
 
 @pytest.mark.parametrize(
@@ -157,6 +162,10 @@ def _break(notebooks, how):
         ),
         ("non-literal parameter", ["notebooks/02_train.ipynb, cell 1, line 2: parameter 'steps' is not a literal"]),
         ("empty pipeline", ["notebooks: no stage notebooks found"]),
+        ("dangling stage link", ["notebooks/03_eval.ipynb: a symbolic link to ../elsewhere/eval.ipynb, which does "
+                                 "not exist: export cannot read this stage"]),
+        ("misnamed stages", ["notebooks: 03-train.ipynb, 100_report.ipynb, 4_eval.ipynb: named like a stage but not "
+                             "NN_name.ipynb, so export would leave them out", "hint: a stage's name is two digits"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_place_and_writes_nothing(project, capsys, how, expected):
@@ -166,6 +175,20 @@ def test_bad_input_exits_2_naming_the_place_and_writes_nothing(project, capsys, 
     for text in expected:
         assert text in err
     assert not (project / "generated").exists()
+
+
+@pytest.mark.parametrize("out, expected", [
+    ("afile", "--out afile: a file, not a folder"),
+    ("afile/generated", "--out afile/generated: {project}/afile is a file, not a folder"),
+    ("/proc/generated", "--out /proc/generated: cannot write in /proc ("),  # the reason: root's, or another user's
+])
+def test_an_out_that_cannot_be_written_exits_2_and_writes_nothing(project, capsys, out, expected):
+    (project / "afile").write_text("mine\n")
+    before = sorted(project.rglob("*"))
+    assert export("--out", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {expected.format(project=project)}") and err.count("\n") == 1
+    assert sorted(project.rglob("*")) == before and (project / "afile").read_text() == "mine\n"
 
 
 def test_help_lists_the_cell_tags_and_every_rewrite_in_the_order_export_applies_them(capsys):

@@ -8,7 +8,7 @@ from nbddp.export.parameters import merge_parameters
 from nbddp.export.report import CellNote, ExportReport
 from nbddp.export.script import header_cell, render_script
 from nbddp.export.sourcemap import sourcemap_text
-from nbddp.export.writer import refuse_hand_edited, stale_files, write_files
+from nbddp.export.writer import check_out_dir, refuse_hand_edited, stale_files, write_files
 
 SCRIPT_NAME = "train.py"
 SOURCEMAP_NAME = "train.sourcemap.json"
@@ -30,10 +30,12 @@ def export(notebooks="notebooks", out="generated", *, check=False, force=False) 
 
     `check`: write nothing, list in `stale` the files that differ from what export would write.
     `force`: overwrite a train.py that was edited by hand (otherwise that is an NbddpError).
-    Bad notebooks raise NotebookError before anything is written.
+    Bad notebooks raise NotebookError before anything is written; an `out` that cannot be written, UsageError.
     """
     out = Path(out)
     script_path = out / SCRIPT_NAME
+    if not check:
+        check_out_dir(out)
     stages = read_stages(notebooks)
     cells, report = assemble_cells(stages)
     cells.insert(0, header_cell(stages, script_path.as_posix()))

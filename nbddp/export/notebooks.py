@@ -2,6 +2,7 @@
 import difflib
 import hashlib
 import json
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,9 @@ class Stage:
 
 
 def read_stages(directory) -> list[Stage]:
-    """All stage notebooks in `directory`, in file-name order; an empty pipeline is an error."""
+    """All stage notebooks in `directory`, in file-name order. An error: an empty pipeline, a stage name that is no
+    readable file (a dangling symbolic link), or, beside stages, a notebook whose name starts with a digit but is
+    not NN_name.ipynb (`3_eval`, `03-eval`, `100_report`): export would leave it out without a word."""
     directory = Path(directory)
     if directory.is_file():
         raise NotebookError(directory.as_posix(), "a notebook, where a folder of stage notebooks was expected",
@@ -61,7 +64,12 @@ def read_stages(directory) -> list[Stage]:
                                  "my_notebooks/01_finetune.ipynb, then --notebooks my_notebooks")
     if not directory.is_dir():
         raise NotebookError(directory.as_posix(), "the notebook directory does not exist")
-    paths = sorted((path for path in directory.glob(STAGE_GLOB) if path.is_file()), key=lambda path: path.name)
+    paths = sorted(directory.glob(STAGE_GLOB), key=lambda path: path.name)
+    for path in paths:
+        if not path.is_file():
+            what = f"a symbolic link to {os.readlink(path)}, which does not exist" if path.is_symlink() else "not a file"
+            raise NotebookError(path.as_posix(), f"{what}: export cannot read this stage",
+                                hint="point it at the notebook, or remove it to leave the stage out")
     if not paths:
         others = sorted(path.name for path in directory.glob("*.ipynb"))
         found = f"; found {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}, not named so" if others else ""
@@ -69,6 +77,15 @@ def read_stages(directory) -> list[Stage]:
             directory.as_posix(),
             "no stage notebooks found",
             hint=f"stages are files named NN_name.ipynb (01_data_prep.ipynb, 02_lora_setup.ipynb, ...){found}",
+        )
+    misnamed = sorted(path.name for path in directory.glob("[0-9]*.ipynb") if path not in paths)
+    if misnamed:
+        raise NotebookError(
+            directory.as_posix(),
+            f"{', '.join(misnamed)}: named like a stage but not NN_name.ipynb, so export would leave "
+            f"{'it' if len(misnamed) == 1 else 'them'} out",
+            hint="a stage's name is two digits, an underscore and a name (03_train.ipynb); rename a notebook so to "
+                 "make it a stage, or so that its name does not start with a digit to leave it out",
         )
     return [read_stage(path) for path in paths]
 

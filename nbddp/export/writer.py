@@ -1,9 +1,25 @@
 """Writing generated/: all files or none, never over a script someone edited by hand."""
 import os
+import tempfile
 from pathlib import Path
 
-from nbddp.errors import NbddpError
+from nbddp.errors import NbddpError, UsageError
 from nbddp.export.script import edited_by_hand
+
+
+def check_out_dir(out: Path) -> None:
+    """Raise UsageError, naming `--out`, unless `out` is a folder export can write in, or can be made in one.
+    Creates nothing: a missing `out` is judged by the deepest folder of it that exists."""
+    where = f"--out {out.as_posix()}"
+    path = out.absolute()
+    existing = next(folder for folder in (path, *path.parents) if folder.exists())
+    if not existing.is_dir():
+        raise UsageError(f"{where}: {'a file' if existing == path else f'{existing} is a file'}, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):  # nameless: gone when closed
+            pass
+    except OSError as error:
+        raise UsageError(f"{where}: cannot write in {existing} ({error.strerror})") from None
 
 
 def refuse_hand_edited(script_path: Path) -> None:

@@ -4,7 +4,9 @@ Each parameter becomes one `--name VALUE` flag whose type is the type of its def
 comment that follows its assignment in the script's parameters cell (the notebook author's words). Inside a Jupyter
 kernel (papermill's smoke run) nothing is parsed: `sys.argv` is the kernel's own there, and papermill
 injects the parameters itself. Either way, once the values are final, a parameter named `output_dir`
-(Trainer's name, which smoke and run set too) is checked before any work (`preflight`).
+(Trainer's name, which smoke and run set too) and NBDDP_OUTPUT_DIR (which `ddp.output_dir` puts in the training
+arguments) are checked before any work (`preflight`). A parameter named `dtype` (Unsloth's, for the model's
+weights) takes None or a dtype name: what FastLanguageModel and the hf backend accept.
 
 Every script, with a parameters cell or without, also takes `--set NAME=VALUE` (repeatable): a keyword of the
 training arguments the notebook builds. Its lines go to the NBDDP_SET environment variable, where the
@@ -18,6 +20,7 @@ import io
 import os
 import sys
 import tokenize
+from datetime import timedelta
 
 from nbddp.errors import UsageError
 from nbddp.runtime import preflight, training_overrides
@@ -26,6 +29,11 @@ from nbddp.runtime import preflight, training_overrides
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
 NBDDP_OWN = "nbddp"  # what `defined_in` says for nbddp's own parameters (backend)
 OUTPUT_DIR = "output_dir"
+OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
+DTYPE = "dtype"
+DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
+TIMEOUT_VARIABLE = "NBDDP_TIMEOUT_S"
+DEFAULT_TIMEOUT_S = 1800
 # argparse's dest for --set: not a Python name, so it can never be mistaken for (or collide with) a parameter.
 SET_DEST = "nbddp --set"
 
@@ -42,7 +50,8 @@ def running_in_kernel() -> bool:
 
 
 def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
-    """Override the parameters in `namespace` from `sys.argv[1:]` (script mode only), then check `output_dir`.
+    """Override the parameters in `namespace` from `sys.argv[1:]` (script mode only), then check `output_dir` and
+    NBDDP_OUTPUT_DIR.
 
     `defined_in` maps each parameter name to the notebook that defines it (shown in `--help`).
     An unknown flag, a value of the wrong type, a `--set` that is not NAME=VALUE or an unusable output_dir exits
@@ -57,15 +66,31 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
         if override_lines:
             os.environ[training_overrides.ENV] = training_overrides.environment_value(override_lines)
         namespace.update(values)
-    if OUTPUT_DIR not in defined_in:
-        return
+    output_dirs = {OUTPUT_DIR: namespace[OUTPUT_DIR]} if OUTPUT_DIR in defined_in else {}
+    if os.environ.get(OUTPUT_DIR_VARIABLE):
+        output_dirs[OUTPUT_DIR_VARIABLE] = os.environ[OUTPUT_DIR_VARIABLE]
     try:
-        preflight.check_output_dir(namespace[OUTPUT_DIR])
+        for name, output_dir in output_dirs.items():
+            preflight.check_output_dir(output_dir, name)
     except UsageError as error:
         if not script_mode:
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
+
+
+def process_group_timeout() -> timedelta:
+    """NBDDP_TIMEOUT_S: how long the process group's collectives wait for a slow rank (1800 s unless set).
+    Raises UsageError unless it is a number of seconds above 0."""
+    text = os.environ.get(TIMEOUT_VARIABLE, str(DEFAULT_TIMEOUT_S))
+    try:
+        timeout = timedelta(seconds=float(text))
+    except (ValueError, OverflowError):  # not a number; nan; inf or too large for a timedelta
+        timeout = None
+    if timeout is None or timeout <= timedelta(0):
+        raise UsageError(f"{TIMEOUT_VARIABLE}={text!r}: expected a number of seconds above 0, how long a collective "
+                         f"waits for a slow rank (default {DEFAULT_TIMEOUT_S})")
+    return timeout
 
 
 def _parse(parser: argparse.ArgumentParser, defined_in: dict[str, str]) -> argparse.Namespace:
@@ -105,13 +130,14 @@ def _build_parser(namespace: dict, defined_in: dict[str, str]) -> argparse.Argum
     for name, notebook in defined_in.items():
         default = namespace[name]
         choices = BACKEND_CHOICES if name == "backend" else None
+        is_dtype = name == DTYPE and (default is None or default in DTYPES)
         origin = f"default: {default!r} (from {notebook})"
         parser.add_argument(
             f"--{name}",
-            type=_parser_for(default),
+            type=_parse_dtype if is_dtype else _parser_for(default),
             default=default,
             choices=choices,
-            metavar=None if choices else _metavar(default),  # argparse shows the choices instead
+            metavar=None if choices else _metavar(default, is_dtype),  # argparse shows the choices instead
             help=(f"{comments[name]}; {origin}" if name in comments else origin).replace("%", "%%"),  # argparse %-formats help
         )
     parser.add_argument(
@@ -172,7 +198,9 @@ def _parser_for(default):
     return _literal_parser(type(default))
 
 
-def _metavar(default) -> str:
+def _metavar(default, is_dtype=False) -> str:
+    if is_dtype:
+        return "{" + ",".join(("None", *DTYPES)) + "}"
     if isinstance(default, bool):
         return "{true,false}"
     if default is None:
@@ -187,6 +215,15 @@ def _parse_bool(text: str) -> bool:
     if word in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"expected one of {', '.join(_TRUE + _FALSE)}, got {text!r}")
+
+
+def _parse_dtype(text: str):
+    """For `--dtype`: None (auto detection) or one of DTYPES, as text (what from_pretrained takes)."""
+    if text.strip() == "None":
+        return None
+    if text.strip() in DTYPES:
+        return text.strip()
+    raise argparse.ArgumentTypeError(f"expected None (auto detection) or one of {', '.join(DTYPES)}, not {text!r}")
 
 
 def _parse_literal_or_text(text: str):

@@ -16,13 +16,14 @@ MIN_FREE_GIB_VARIABLE = "NBDDP_MIN_FREE_GIB"
 DEFAULT_MIN_FREE_GIB = 1.0
 
 
-def check_output_dir(output_dir) -> None:
-    """Raise UsageError, naming `output_dir`, when it cannot be created or written, or its disk is (nearly) full.
+def check_output_dir(output_dir, name="output_dir") -> None:
+    """Raise UsageError, naming `output_dir` as `name` (the parameter's, or NBDDP_OUTPUT_DIR), when it cannot be
+    created or written, or its disk is (nearly) full.
 
     Creates nothing: a missing `output_dir` is judged by the deepest folder of it that exists, and the probe
     file written there has no name and is gone when closed.
     """
-    where = f"output_dir {str(output_dir)!r}"
+    where = f"{name} {str(output_dir)!r}"
     path = Path(output_dir).expanduser().absolute()
     existing = next(folder for folder in (path, *path.parents) if folder.exists())
     if not existing.is_dir():
