@@ -1,3 +1,5 @@
+from textwrap import dedent
+
 import pytest
 from rewrite_case import assert_rewrites, assert_unchanged, run
 
@@ -120,4 +122,85 @@ def test_an_existing_barrier_is_not_doubled():
         GuardRank0SideEffects,
         'model.save_pretrained("m")\nddp.barrier()\n',
         'if ddp.is_main_process:\n    model.save_pretrained("m")\nddp.barrier()\n',
+    )
+
+
+def test_experiment_trackers_start_and_log_one_run_from_the_main_process():
+    changes = assert_rewrites(
+        GuardRank0SideEffects,
+        """\
+        import wandb
+        wandb.login(key=wandb_key)
+        wandb.init(project="unsloth", name="llama-sft")  # one run, not one per rank
+        trainer_stats = trainer.train()
+        for step, loss in enumerate(losses):
+            wandb.log({"loss": loss}, step=step)
+        mlflow.log_params({"lr": lr}); trackio.log({"loss": loss})
+        wandb.finish()
+        """,
+        """\
+        import wandb
+        if ddp.is_main_process:
+            wandb.login(key=wandb_key)
+            wandb.init(project="unsloth", name="llama-sft")  # one run, not one per rank
+        trainer_stats = trainer.train()
+        for step, loss in enumerate(losses):
+            if ddp.is_main_process:
+                wandb.log({"loss": loss}, step=step)
+        if ddp.is_main_process:
+            mlflow.log_params({"lr": lr}); trackio.log({"loss": loss})
+            wandb.finish()
+        """,
+    )
+    assert changes == [
+        (2, "wandb.login() runs on the main process only"),
+        (3, "wandb.init() runs on the main process only"),
+        (6, "wandb.log() runs on the main process only"),
+        (7, "mlflow.log_params() runs on the main process only"),
+        (7, "trackio.log() runs on the main process only"),
+        (8, "wandb.finish() runs on the main process only"),
+    ]
+
+
+def test_a_run_the_cell_binds_is_made_and_used_on_the_main_process():
+    changes = assert_rewrites(
+        GuardRank0SideEffects,
+        """\
+        run = wandb.init(project="unsloth")
+        run.config.update({"lr": lr})
+        run.log({"eval_loss": eval_loss})
+        run.finish()
+        """,
+        """\
+        if ddp.is_main_process:
+            run = wandb.init(project="unsloth")
+            run.config.update({"lr": lr})
+            run.log({"eval_loss": eval_loss})
+            run.finish()
+        """,
+    )
+    assert changes[0] == (1, "wandb.init() runs on the main process only; `run` exists there only")
+    assert [line for line, _ in changes] == [1, 2, 3, 4]
+
+
+def test_a_tracker_run_around_training_is_left_for_all_ranks_with_a_note():
+    before = """\
+        with mlflow.start_run(run_name="sft"):
+            trainer.train()
+        """
+    code, changes = run(GuardRank0SideEffects, before)
+    assert code == dedent(before)
+    assert changes == [(1, "left for all ranks: `with mlflow.start_run(...)` starts a run on every rank; call it as "
+                           "a statement (nbddp runs that on the main process only) and end the run after the block")]
+
+
+def test_tracker_values_and_other_runs_are_left_alone():
+    assert_unchanged(
+        GuardRank0SideEffects,
+        """\
+        table = wandb.Table(columns=["prompt", "answer"])
+        run = make_run()
+        run.log(x)
+        args = SFTConfig(report_to="wandb")
+        """,
     )

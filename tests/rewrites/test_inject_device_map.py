@@ -82,6 +82,17 @@ def test_other_device_maps_are_kept_with_a_note(written):
     assert changes[0][1].startswith(f"left device_map={written} as written")
 
 
+@pytest.mark.parametrize("written", [
+    '{"": int(os.environ["LOCAL_RANK"])}', "{'': int(os.environ.get('LOCAL_RANK', 0))}", '{"": local_rank}',
+    '{"": PartialState().local_process_index}',
+])
+def test_the_notebooks_own_local_rank_map_is_kept_and_said_to_be_right(written):
+    code, changes = run(InjectDeviceMap, f"model = AutoModelForCausalLM.from_pretrained(name, device_map={written})\n")
+    assert code == f"model = AutoModelForCausalLM.from_pretrained(name, device_map={written})\n"
+    assert changes == [(1, f"kept device_map={written}: the notebook's own LOCAL_RANK map puts each rank on its own "
+                           "GPU (it needs GPUs; ddp.device_map() also runs on a CPU)")]
+
+
 def test_double_star_arguments_are_not_second_guessed():
     code, changes = run(InjectDeviceMap, "model = AutoModel.from_pretrained(name, **options)\n")
     assert code == "model = AutoModel.from_pretrained(name, **options)\n"

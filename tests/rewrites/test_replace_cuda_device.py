@@ -105,3 +105,47 @@ def test_the_memory_stats_cell_of_unsloths_notebooks_reads_this_ranks_device():
         (4, 'replaced torch.cuda.get_device_properties("cuda") with ddp.device_properties() (this rank\'s GPU; '
             "the CPU without one)"),
     ]
+
+
+def test_a_device_named_once_then_used_follows_the_rank():
+    # As Llasa_TTS_(1B) of unslothai/notebooks writes it: on a CPU `.to(DEVICE)` failed, on N GPUs all took GPU 0.
+    changes = assert_rewrites(
+        ReplaceCudaDevice,
+        """\
+        DEVICE = "cuda"
+        device: str = "cuda:0"  # the GPU
+        self.eval_device = "cuda"
+        codec_model = codec_model.to(DEVICE).eval()
+        torch.set_default_device("cuda")
+        """,
+        """\
+        DEVICE = ddp.device
+        device: str = ddp.device  # the GPU
+        self.eval_device = ddp.device
+        codec_model = codec_model.to(DEVICE).eval()
+        torch.set_default_device(ddp.device)
+        """,
+    )
+    assert changes == [
+        (1, 'replaced DEVICE = "cuda" with DEVICE = ddp.device'),
+        (2, 'replaced device = "cuda:0" with device = ddp.device'),
+        (3, 'replaced self.eval_device = "cuda" with self.eval_device = ddp.device'),
+        (5, 'replaced torch.set_default_device("cuda") with torch.set_default_device(ddp.device)'),
+    ]
+
+
+def test_device_types_other_names_and_other_devices_are_left_alone():
+    assert_unchanged(
+        ReplaceCudaDevice,
+        """\
+        device_type = "cuda"  # torch.autocast(device_type=...) takes a string
+        backend = "cuda"
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        second_device = "cuda:1"
+        device = "cpu"
+        devices[0] = "cuda"
+        torch.set_default_device("cpu")
+        with torch.autocast(device_type = "cuda", dtype = torch.float16):
+            pass
+        """,
+    )

@@ -55,3 +55,10 @@ def test_a_long_expression_is_named_by_its_first_line():
     code, changes = run(ShowCellResult, "tokenizer.apply_chat_template(\n    messages,\n    tokenize = False,\n)\n")
     assert code.startswith("ddp.show(tokenizer.apply_chat_template(")
     assert changes == [(1, f"tokenizer.apply_chat_template(... {SHOWN}")]
+
+
+def test_a_tracker_call_ending_the_cell_is_left_to_the_main_process_guard():
+    # guard-rank0-side-effects then runs it on the main process only; inside ddp.show(...) rank 1 would call it too.
+    assert_unchanged(ShowCellResult, 'wandb.log({"loss": loss})\n')
+    assert_unchanged(ShowCellResult, 'run = wandb.init(project="p")\nrun.finish()\n')
+    assert_rewrites(ShowCellResult, "run = make_run()\nrun.summary\n", "run = make_run()\nddp.show(run.summary)\n")

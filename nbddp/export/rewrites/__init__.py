@@ -10,12 +10,14 @@ from libcst.metadata import MetadataWrapper
 
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
 from nbddp.export.rewrites.convert_magics import ConvertMagics, convert_cell
+from nbddp.export.rewrites.drop_process_setup import DropProcessSetup
 from nbddp.export.rewrites.guard_inference_cell import GuardInferenceCell
 from nbddp.export.rewrites.guard_rank0_side_effects import GuardRank0SideEffects
 from nbddp.export.rewrites.hoist_unsloth_import import HoistUnslothImport
 from nbddp.export.rewrites.inject_device_map import InjectDeviceMap
 from nbddp.export.rewrites.plan_training_args import PlanTrainingArgs
 from nbddp.export.rewrites.record_metrics import RecordMetrics
+from nbddp.export.rewrites.refuse_input import RefuseInput
 from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
 from nbddp.export.rewrites.resume_from_checkpoint import ResumeFromCheckpoint
@@ -23,12 +25,17 @@ from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMai
 from nbddp.export.rewrites.run_overrides import RunOverrides
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 from nbddp.export.rewrites.show_cell_result import ShowCellResult
+from nbddp.export.rewrites.use_tqdm_auto import UseTqdmAuto
 
-# Argument-level rewrites first, and the cell's last value shown (while it is still the cell's last top-level
-# statement); then the ones that move statements into blocks: a whole-cell guard before the per-statement ones,
-# which leave code under `if ddp.is_main_process:` alone.
+# The refusal first; the process setup dropped before replace-cuda-device makes `set_device(torch.device("cuda"))`
+# a `set_device(ddp.device)`; argument-level rewrites, and the cell's last value shown (while it is still the cell's
+# last top-level statement); then the ones that move statements into blocks: a whole-cell guard before the
+# per-statement ones, which leave code under `if ddp.is_main_process:` alone.
 REWRITES: list[type[Rewrite]] = [
+    RefuseInput,
     HoistUnslothImport,
+    UseTqdmAuto,
+    DropProcessSetup,
     InjectDeviceMap,
     ReplaceCudaDevice,
     SetDdpTrainingArgs,

@@ -35,9 +35,9 @@ from libcst.metadata import MetadataWrapper
 
 from nbddp.errors import NotebookError
 from nbddp.export.rewrites.base import CellLocation, Change, ExportContext, Rewrite
+from nbddp.export.rewrites.dropped_lines import DROPPED, comment_out, dropped_line
 
 NOTEBOOK_ONLY_HINT = "tag the cell notebook-only to leave it out of the script"
-DROPPED = "# nbddp: dropped "
 
 GET_IPYTHON_CALL = m.Call(func=m.Attribute(value=m.Call(func=m.Name("get_ipython")), attr=m.Name()))
 
@@ -207,7 +207,7 @@ class ConvertMagics(Rewrite):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if self._cell_magic is not None:
             return self._convert_cell_magic(updated_node, self._cell_magic)
-        body, footer = self._comment_out_dropped(updated_node.body, updated_node.footer, keep_statement=False)
+        body, footer = comment_out(updated_node.body, updated_node.footer, self._dropped, keep_statement=False)
         if self._needs_os and not any(m.matches(statement, OS_IMPORT) for statement in body):
             body = [cst.parse_statement("import os\n"), *body]
         return updated_node.with_changes(body=body, footer=footer)
@@ -354,37 +354,15 @@ class ConvertMagics(Rewrite):
 
     def _drop(self, line: cst.SimpleStatementLine, call, message) -> cst.SimpleStatementLine:
         self.record(call, message)
-        dropped = cst.SimpleStatementLine(
-            body=[cst.Pass()],
-            leading_lines=line.leading_lines,
-            trailing_whitespace=cst.TrailingWhitespace(
-                whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(DROPPED + magic_text(call))
-            ),
-        )
+        dropped = dropped_line(line, magic_text(call))
         self._dropped.append(dropped)
         return dropped
 
     # Dropped lines become comments where the block has other statements to stand for it.
 
     def leave_IndentedBlock(self, original_node, updated_node):
-        body, footer = self._comment_out_dropped(updated_node.body, updated_node.footer, keep_statement=True)
+        body, footer = comment_out(updated_node.body, updated_node.footer, self._dropped, keep_statement=True)
         return updated_node.with_changes(body=body, footer=footer)
-
-    def _comment_out_dropped(self, body, footer, keep_statement):
-        def is_dropped(statement):
-            return any(statement is dropped for dropped in self._dropped)
-
-        if keep_statement and all(is_dropped(statement) for statement in body):
-            return body, footer
-        kept, comments = [], []
-        for statement in body:
-            if is_dropped(statement):
-                comment = statement.trailing_whitespace.comment
-                comments += [*statement.leading_lines, cst.EmptyLine(comment=comment)]
-            else:
-                kept.append(statement.with_changes(leading_lines=[*comments, *statement.leading_lines]))
-                comments = []
-        return kept, [*comments, *footer]
 
 
 def convert_cell(

@@ -8,6 +8,12 @@ save. A trainer's own `trainer.save_model()`/`trainer.push_to_hub()` save on ran
 must be called on every rank: they are left alone. A statement whose arguments make a collective call
 (`print(trainer.evaluate())`) is left for all ranks, with a note.
 
+Experiment trackers (`wandb`, `mlflow`, `trackio`) keep one run, the main process's: a statement calling into
+one (`wandb.init(...)`, `wandb.log(...)`, `mlflow.log_params(...)`, `trackio.finish()`) is guarded the same way,
+and so is `run = wandb.init(...)` (or `mlflow.start_run`, `trackio.init`), with the calls on `run` in that cell
+(`run` then exists on the main process only). A Trainer's own tracker callbacks log from the main process
+already. `with mlflow.start_run():` around training is left for all ranks, with a note.
+
 Cells tagged `rank0` run on the main process already; code already under `if ddp.is_main_process:`
 (such as a cell `guard-inference-cell` wrapped) is not guarded twice.
 """
@@ -27,6 +33,8 @@ from nbddp.export.rewrites.ddp_blocks import (
 
 DISPLAY_FUNCTIONS = {"print", "pprint", "display"}
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora")  # save_lora: Unsloth's, for vLLM (GRPO notebooks)
+TRACKERS = frozenset({"wandb", "mlflow", "trackio"})
+STARTS_A_RUN = {"init", "start_run"}  # wandb.init, trackio.init, mlflow.start_run
 
 
 def is_save(call: cst.Call) -> bool:
@@ -35,7 +43,26 @@ def is_save(call: cst.Call) -> bool:
     return isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES) and "trainer" not in receiver.lower()
 
 
-def has_side_effect(call: cst.Call) -> bool:
+def is_tracker_call(call: cst.Call, runs=frozenset()) -> bool:
+    """`wandb.log(...)`, `mlflow.log_metric(...)`, `wandb.run.summary.update(...)`: a call into a tracker module,
+    or into one of `runs` (names this cell bound to a tracker's run)."""
+    root = call.func
+    while isinstance(root, cst.Attribute):
+        root = root.value
+    return isinstance(call.func, cst.Attribute) and isinstance(root, cst.Name) and root.value in TRACKERS | runs
+
+
+def tracker_runs(module: cst.Module) -> frozenset:
+    """The names a cell binds to a tracker's new run: `run = wandb.init(...)`."""
+    return frozenset(
+        target.target.value
+        for assign in m.findall(module, m.Assign(value=m.Call()))
+        if is_tracker_call(assign.value) and callee_name(assign.value) in STARTS_A_RUN
+        for target in assign.targets if isinstance(target.target, cst.Name)
+    )
+
+
+def has_side_effect(call: cst.Call, runs=frozenset()) -> bool:
     name = callee_name(call)
     return (
         (isinstance(call.func, cst.Name) and name in DISPLAY_FUNCTIONS)
@@ -43,34 +70,44 @@ def has_side_effect(call: cst.Call) -> bool:
         or (name == "show" and receiver_name(call) == "plt")
         or (isinstance(call.func, cst.Attribute) and name == "savefig")
         or is_save(call)
+        or is_tracker_call(call, runs)
     )
 
 
-def guardable_call(small: cst.BaseSmallStatement) -> cst.Call | None:
-    """The call of a side-effect statement (`print(x)`) that makes no collective call, else None."""
-    if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call) and has_side_effect(small.value):
-        return None if collective_calls(small) else small.value
+def guardable_call(small: cst.BaseSmallStatement, runs=frozenset()) -> cst.Call | None:
+    """The call of a side-effect statement (`print(x)`; `run = wandb.init()` for `run` in `runs`) that makes no
+    collective call, else None."""
+    if isinstance(small, cst.Assign):
+        names = {target.target.value for target in small.targets if isinstance(target.target, cst.Name)}
+        call = small.value if len(names) == len(small.targets) and names <= runs else None
+    else:
+        call = small.value if isinstance(small, cst.Expr) else None
+    if isinstance(call, cst.Call) and has_side_effect(call, runs):
+        return None if collective_calls(small) else call
     return None
 
 
-def side_effect_calls(statement: cst.BaseStatement | None) -> list[cst.Call] | None:
+def side_effect_calls(statement: cst.BaseStatement | None, runs=frozenset()) -> list[cst.Call] | None:
     """The calls of a line made only of side-effect statements (`print(x); plt.show()`), else None."""
     if not isinstance(statement, cst.SimpleStatementLine):
         return None
-    calls = [guardable_call(small) for small in statement.body]
+    calls = [guardable_call(small, runs) for small in statement.body]
     return calls if all(calls) else None
 
 
 class GuardRank0SideEffects(Rewrite):
     NAME = "guard-rank0-side-effects"
-    DESCRIPTION = "Print, plot, save and push on the main process only; after a save, all ranks wait at ddp.barrier()."
+    DESCRIPTION = ("Print, plot, save, push and log to experiment trackers (wandb, mlflow, trackio) on the main "
+                   "process only; after a save, all ranks wait at ddp.barrier().")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._main_process_only = 0  # depth inside `if ddp.is_main_process:`
         self._block_depth = 0  # 0 at the cell's top level
+        self._runs = frozenset()  # names the cell binds to a tracker's run
 
     def visit_Module(self, node: cst.Module) -> bool:
+        self._runs = tracker_runs(node)
         return "rank0" not in self.context.cell_tags
 
     def visit_If(self, node: cst.If) -> None:
@@ -83,6 +120,13 @@ class GuardRank0SideEffects(Rewrite):
     def visit_IndentedBlock(self, node: cst.IndentedBlock) -> None:
         self._block_depth += 1
 
+    def visit_With(self, node: cst.With) -> None:
+        starts = [item.item for item in node.items if isinstance(item.item, cst.Call) and is_tracker_call(item.item)]
+        if starts and not self._main_process_only:
+            self.record(starts[0], f"left for all ranks: `with {code_of(starts[0].func)}(...)` starts a run on every "
+                                   "rank; call it as a statement (nbddp runs that on the main process only) and end "
+                                   "the run after the block")
+
     def visit_SimpleStatementLine(self, node: cst.SimpleStatementLine) -> None:
         if not self._main_process_only:
             self._record_guards(node.body, whole_line=True)
@@ -93,14 +137,19 @@ class GuardRank0SideEffects(Rewrite):
 
     def _record_guards(self, smalls, whole_line):
         """Record what `_guard` will wrap: a whole line of side effects, or each one in a one-line block."""
-        calls = [guardable_call(small) for small in smalls]
+        calls = [guardable_call(small, self._runs) for small in smalls]
         if all(calls) or not whole_line:
-            for call in filter(None, calls):
+            for small, call in zip(smalls, calls):
+                if call is None:
+                    continue
                 waits = "; then all ranks wait at ddp.barrier()" if is_save(call) and self._block_depth == 0 else ""
+                if isinstance(small, cst.Assign):
+                    names = ", ".join(f"`{target.target.value}`" for target in small.targets)
+                    waits = f"; {names} exists there only"
                 self.record(call, f"{code_of(call.func)}() runs on the main process only{waits}")
         for small in smalls:
             collectives = collective_calls(small)
-            if collectives and any(has_side_effect(call) for call in m.findall(small, m.Call())):
+            if collectives and any(has_side_effect(call, self._runs) for call in m.findall(small, m.Call())):
                 collective = code_of(collectives[0].func)
                 self.record(small, f"left for all ranks: it calls {collective}(), which every rank must run")
 
@@ -116,7 +165,7 @@ class GuardRank0SideEffects(Rewrite):
             cst.SimpleStatementLine(body=[small.with_changes(semicolon=cst.MaybeSentinel.DEFAULT)])
             for small in updated_node.body
         ]
-        if self._main_process_only or not any(side_effect_calls(line) for line in lines):
+        if self._main_process_only or not any(side_effect_calls(line, self._runs) for line in lines):
             return updated_node
         return indented(self._guard(lines, top_level=False)).with_changes(header=updated_node.trailing_whitespace)
 
@@ -129,12 +178,12 @@ class GuardRank0SideEffects(Rewrite):
         """Runs of side-effect lines under one `if ddp.is_main_process:`; a barrier after top-level saves."""
         guarded, run = [], []
         for statement in [*statements, None]:
-            if side_effect_calls(statement):
+            if side_effect_calls(statement, self._runs):
                 run.append(statement)
                 continue
             if run:
                 guarded.append(main_process_only(run))
-                saves = any(is_save(call) for line in run for call in side_effect_calls(line))
+                saves = any(is_save(call) for line in run for call in side_effect_calls(line, self._runs))
                 if top_level and saves and (statement is None or not m.matches(statement, BARRIER)):
                     guarded.append(barrier())
                 run = []

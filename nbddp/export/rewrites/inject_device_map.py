@@ -3,7 +3,8 @@
 Under torchrun every rank holds a whole model; `device_map="auto"` would split one model across all
 GPUs and `0`/`"cuda"` would put every rank on GPU 0. Matched loaders: `X.from_pretrained(...)` where X
 is `FastLanguageModel`, `FastModel`, `FastVisionModel`, `AutoModel*`, `AutoPeftModel*`, `*ForCausalLM`
-or `*ForConditionalGeneration`. Tokenizers and processors are not models and are left alone.
+or `*ForConditionalGeneration`. Tokenizers and processors are not models and are left alone. A notebook's own
+per-rank map (`{"": int(os.environ["LOCAL_RANK"])}`, `{"": local_rank}`) is right on GPUs and is kept, with a note.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -26,6 +27,7 @@ LOADER_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 SPLITS_THE_MODEL = ("auto", "balanced", "balanced_low_0", "sequential")
 FIRST_GPU = (0, "cuda", "cuda:0")
+LOCAL_RANK_NAMES = {"local_rank", "local_process_index"}  # accelerate's PartialState().local_process_index
 DDP_DEVICE_MAP = m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("device_map")), args=[])
 
 
@@ -43,6 +45,12 @@ def _on_first_gpu(value) -> bool:
     if isinstance(value, dict):
         return list(value) == [""] and _on_first_gpu(value[""])
     return any(value == gpu and type(value) is type(gpu) for gpu in FIRST_GPU)
+
+
+def _reads_local_rank(node: cst.BaseExpression) -> bool:
+    """The expression reads the LOCAL_RANK variable, or a name or attribute `local_rank`/`local_process_index`."""
+    return any(string.evaluated_value == "LOCAL_RANK" for string in m.findall(node, m.SimpleString())) or any(
+        name.value in LOCAL_RANK_NAMES for name in m.findall(node, m.Name()))
 
 
 class InjectDeviceMap(Rewrite):
@@ -66,6 +74,10 @@ class InjectDeviceMap(Rewrite):
             reason = "splits the model across GPUs; under torchrun each rank must hold its own copy"
         elif _on_first_gpu(value):
             reason = "puts every rank on GPU 0; each rank must use its own GPU"
+        elif _reads_local_rank(given.value):
+            self.record(given, f"kept {written}: the notebook's own LOCAL_RANK map puts each rank on its own GPU "
+                               "(it needs GPUs; ddp.device_map() also runs on a CPU)")
+            return updated_node
         else:
             self.record(
                 given,

@@ -2,7 +2,9 @@
 
 `ddp.device` is `cuda:<local_rank>` on GPUs and `cpu` without them, so the same script runs under
 torchrun on N GPUs and on a laptop. Replaced: `x.cuda()` (also `x.cuda(0)`), `"cuda"`/`"cuda:0"` as
-the device of `x.to(...)` or as any `device=` argument, and `torch.device("cuda")`/`torch.device("cuda:0")`.
+the device of `x.to(...)`, of `torch.set_default_device(...)` or as any `device=` argument, assigned to a name
+that says device (`device = "cuda"`, `DEVICE: str = "cuda:0"`; not `device_type`, which `torch.autocast` wants as
+a string), and `torch.device("cuda")`/`torch.device("cuda:0")`.
 `torch.cuda.get_device_properties(0)` (Unsloth's notebooks open and close training with a memory-stats cell
 built on it) becomes `ddp.device_properties()`: this rank's GPU, and on the CPU a stand-in instead of
 "Torch not compiled with CUDA enabled". Other devices (`"cpu"`, `"cuda:1"`, variables) are the author's
@@ -16,6 +18,7 @@ from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, liter
 
 CUDA = ("cuda", "cuda:0")
 TORCH_DEVICE = m.Attribute(value=m.Name("torch"), attr=m.Name("device"))
+SET_DEFAULT_DEVICE = m.Attribute(value=m.Name("torch"), attr=m.Name("set_default_device"))
 GET_DEVICE_PROPERTIES = m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")),
                                     attr=m.Name("get_device_properties"))
 
@@ -29,15 +32,39 @@ def _is_cuda(node: cst.BaseExpression) -> bool:
     return isinstance(value, str) and value in CUDA
 
 
-def _is_first_gpu(node: cst.BaseExpression) -> bool:
+def _names_a_device(target: cst.BaseExpression) -> bool:
+    """`device`, `DEVICE`, `self.eval_device`: a name that says device, and not a device type."""
+    name = target.attr if isinstance(target, cst.Attribute) else target
+    return isinstance(name, cst.Name) and "device" in name.value.lower() and "type" not in name.value.lower()
+
+
+def is_first_gpu(node: cst.BaseExpression) -> bool:
     value = literal_value(node)
     return (type(value) is int and value == 0) or _is_cuda(node)
 
 
 class ReplaceCudaDevice(Rewrite):
     NAME = "replace-cuda-device"
-    DESCRIPTION = ('Use ddp.device (this rank\'s GPU, or the CPU) instead of .cuda(), "cuda" and "cuda:0", and '
-                   'ddp.device_properties() instead of torch.cuda.get_device_properties(0).')
+    DESCRIPTION = ('Use ddp.device (this rank\'s GPU, or the CPU) instead of .cuda(), "cuda" and "cuda:0" (also '
+                   'device = "cuda"), and ddp.device_properties() instead of torch.cuda.get_device_properties(0).')
+
+    def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
+        if all(_names_a_device(target.target) for target in original_node.targets):
+            return self._replace_assigned(original_node, original_node.targets[-1].target, updated_node)
+        return updated_node
+
+    def leave_AnnAssign(self, original_node: cst.AnnAssign, updated_node: cst.AnnAssign) -> cst.AnnAssign:
+        if original_node.value is not None and _names_a_device(original_node.target):
+            return self._replace_assigned(original_node, original_node.target, updated_node)
+        return updated_node
+
+    def _replace_assigned(self, original_node, target, updated_node):
+        """`device = "cuda"` -> `device = ddp.device`, so that `x.to(device)` later follows the rank."""
+        if not _is_cuda(original_node.value):
+            return updated_node
+        name = code_of(target)
+        self.record(original_node, f"replaced {name} = {code_of(original_node.value)} with {name} = ddp.device")
+        return updated_node.with_changes(value=_ddp_device())
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         if m.matches(original_node.func, TORCH_DEVICE):
@@ -46,13 +73,14 @@ class ReplaceCudaDevice(Rewrite):
             return self._replace_device_properties(original_node, updated_node)
         if isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "cuda":
             return self._replace_cuda_method(original_node, updated_node)
-        if isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "to":
+        if m.matches(original_node.func, SET_DEFAULT_DEVICE) or (
+                isinstance(original_node.func, cst.Attribute) and callee_name(original_node) == "to"):
             updated_node = self._replace_first_arg(original_node, updated_node)
         return self._replace_device_keyword(original_node, updated_node)
 
     def _replace_torch_device(self, original_node, updated_node):
         args = original_node.args
-        if args and _is_cuda(args[0].value) and all(_is_first_gpu(arg.value) for arg in args[1:]):
+        if args and _is_cuda(args[0].value) and all(is_first_gpu(arg.value) for arg in args[1:]):
             self.record(original_node, f"replaced {code_of(original_node)} with ddp.device")
             return _ddp_device()
         return updated_node
@@ -60,7 +88,7 @@ class ReplaceCudaDevice(Rewrite):
     def _replace_device_properties(self, original_node, updated_node):
         """`torch.cuda.get_device_properties(0)` (or no device, or "cuda") -> `ddp.device_properties()`."""
         args = original_node.args
-        if len(args) > 1 or (args and not _is_first_gpu(args[0].value)):
+        if len(args) > 1 or (args and not is_first_gpu(args[0].value)):
             return updated_node
         self.record(original_node, f"replaced {code_of(original_node)} with ddp.device_properties() "
                                    "(this rank's GPU; the CPU without one)")
@@ -70,7 +98,7 @@ class ReplaceCudaDevice(Rewrite):
         """`x.cuda()`, `x.cuda(0)`, `x.cuda(device=0, non_blocking=True)` -> `x.to(ddp.device, ...)`."""
         args = list(updated_node.args)
         device = keyword(updated_node, "device") or (args[0] if args and args[0].keyword is None else None)
-        if device is not None and not _is_first_gpu(device.value):
+        if device is not None and not is_first_gpu(device.value):
             return updated_node
         others = [arg for arg in args if arg is not device]
         if others:  # the last argument keeps the call's closing layout
@@ -83,10 +111,12 @@ class ReplaceCudaDevice(Rewrite):
         )
 
     def _replace_first_arg(self, original_node, updated_node):
-        """`x.to("cuda")`, `x.to("cuda:0", dtype)` -> `x.to(ddp.device, ...)`."""
+        """`x.to("cuda")`, `x.to("cuda:0", dtype)` -> `x.to(ddp.device, ...)`; `torch.set_default_device("cuda")`."""
         if not original_node.args or original_node.args[0].keyword or not _is_cuda(original_node.args[0].value):
             return updated_node
-        self.record(original_node.args[0], f"replaced .to({code_of(original_node.args[0].value)}) with .to(ddp.device)")
+        func = ".to" if callee_name(original_node) == "to" else code_of(original_node.func)
+        written = code_of(original_node.args[0].value)
+        self.record(original_node.args[0], f"replaced {func}({written}) with {func}(ddp.device)")
         first, *others = updated_node.args
         return updated_node.with_changes(args=[first.with_changes(value=_ddp_device()), *others])
 

@@ -15,19 +15,20 @@ import libcst.matchers as m
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import code_of
 from nbddp.export.rewrites.ddp_blocks import ddp_call
-from nbddp.export.rewrites.guard_rank0_side_effects import has_side_effect
+from nbddp.export.rewrites.guard_rank0_side_effects import has_side_effect, tracker_runs
 
 NBDDP_CALL = m.Call(func=m.Attribute(value=m.Name("ddp")))  # nbddp's own (`ddp.barrier()`, `ddp.show(...)`)
 
 
-def shown_value(statement: cst.BaseStatement) -> cst.Expr | None:
-    """The expression statement Jupyter would display if `statement` ended a cell, else None."""
+def shown_value(statement: cst.BaseStatement, runs=frozenset()) -> cst.Expr | None:
+    """The expression statement Jupyter would display if `statement` ended a cell, else None (`runs`: the names
+    the cell bound to a tracker's run, whose calls guard-rank0-side-effects guards)."""
     if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[-1], cst.Expr):
         return None
     last = statement.body[-1]
     if isinstance(last.semicolon, cst.Semicolon) or m.matches(last.value, NBDDP_CALL):
         return None
-    if isinstance(last.value, cst.Call) and has_side_effect(last.value):
+    if isinstance(last.value, cst.Call) and has_side_effect(last.value, runs):
         return None
     return last
 
@@ -45,7 +46,7 @@ class ShowCellResult(Rewrite):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         if not original_node.body:
             return updated_node
-        last = shown_value(original_node.body[-1])
+        last = shown_value(original_node.body[-1], tracker_runs(original_node))
         if last is None:
             return updated_node
         self.record(original_node.body[-1],
