@@ -8,6 +8,9 @@
 a package outside the stacks, a hub or web download, an audio codec, a model's own code); the tables count those
 apart, so "passed" can be read against what could run here.
 
+`python -m tools.sweep_report RESULTS` writes RESULTS' summary.md (and the counts of summary.json) again from the
+outcomes in summary.json, with this module's rules.
+
 `first_error(text)` is the line a reader needs from a failing command's output: nbddp's one-paragraph error (its
 first line, with the notebook cell it came from), else the exception line of the first rank's traceback with
 that cell (a rank that lost its peer in a collective comes last), else the last exception line, else the last line.
@@ -40,6 +43,8 @@ LIMITS = (
      "a GPU"),
     (r"save_pretrained_gguf|push_to_hub_gguf|llama\.cpp|save_pretrained_torchao", "Unsloth's GPU-only export"),
     (r"trust_remote_code|add_image_preprocess", "the model's own code"),
+    (r"No module named 'unsloth_zoo'", "Unsloth itself (unsloth_zoo, which needs a GPU)"),
+    (r"^AssertionError: \d+\.\d+[\w.]*( \[|$)", "the exact version the notebook asserts"),
 )
 
 
@@ -196,3 +201,12 @@ def write(results_dir: Path, outcomes: list[Outcome], environment: dict) -> tupl
     json_path.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     markdown_path.write_text(markdown(outcomes, environment), encoding="utf-8")
     return json_path, markdown_path
+
+
+if __name__ == "__main__":
+    import sys
+
+    folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "sweep_results" / "cpu"
+    environment, outcomes = read(folder)
+    print(table(outcomes))
+    print("\nwrote " + " and ".join(map(str, write(folder, outcomes, environment))))

@@ -70,6 +70,8 @@ def test_limit_names_what_the_sandbox_lacks_and_nothing_for_nbddps_own_failures(
     assert limit("ModuleNotFoundError: No module named 'vllm'") == "a package outside the tested stacks"
     assert limit("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find ...") == "the network (a hub or web download)"
     assert limit("RuntimeError: sglang needs an NVIDIA GPU, and this session has none.") == "a GPU"
+    assert limit("AssertionError: 5.17.0 [01_nb.ipynb, cell 8, line 6]") == "the exact version the notebook asserts"
+    assert limit("AssertionError: expected 3 rows [01_nb.ipynb, cell 8, line 6]") is None
     assert limit("ModuleNotFoundError: No module named 'nbddp.runtime.oops'") is None
     assert limit("KeyError: 0 [01_nb.ipynb, cell 3, line 1]") is None and limit(None) is None
 
