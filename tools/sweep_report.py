@@ -35,6 +35,8 @@ LIMITS = (
      r"llama_cpp|xformers|flash_attn|bitsandbytes|triton|deepspeed|librosa|soundfile|jiwer|evaluate|nemo\w*)'",
      "a package outside the tested stacks"),
     (r"install 'torchcodec'|torchaudio|soundfile|librosa", "an audio decoder"),
+    (r"vLLM is not available", "a package outside the tested stacks"),
+    (r"syntax error: f-string: ", "Python 3.12's grammar (this machine's Python is older)"),
     (r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
      r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
      r"URLError|Name or service not known|Unable to find .https?://",

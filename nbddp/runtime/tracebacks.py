@@ -12,6 +12,10 @@ exits with the error's status (2):
     nbddp: error: data/x.jsonl row 17: missing "output"
       generated/train.py line 61 comes from notebooks/01_data_prep.ipynb, cell 9, line 3
 
+An error whose cause under DDP is known gets a line saying what to do (`HINTS`):
+
+    nbddp: hint: under DDP every trainable parameter must get a gradient in every step; ...
+
 The `[rank R]` prefix appears only when torchrun started more than one process, so interleaved reports
 from several ranks stay readable. Under torchrun the same report also goes to this rank's error file
 (`TORCHELASTIC_ERROR_FILE`), which torchrun's failure summary and nbddp's failure report read.
@@ -24,6 +28,15 @@ import traceback
 
 from nbddp.errors import NbddpError
 from nbddp.runtime import sourcemap
+
+# (text of the exception, what to do): causes that DDP adds to a notebook that trains on one GPU.
+HINTS = (
+    ("Expected to have finished reduction in the prior iteration",
+     "under DDP every trainable parameter must get a gradient in every step, and some of this model's get none: "
+     "typically LoRA on the vision layers of a vision model trained on text only. Leave them out "
+     "(FastVisionModel.get_peft_model(..., finetune_vision_layers=False)), or let DDP look for them in every step "
+     "(--set ddp_find_unused_parameters=true; slower, and not with Unsloth's gradient checkpointing)"),
+)
 
 
 def install(script: str) -> None:
@@ -62,6 +75,7 @@ def format_report(exc_type, exc, tb, script: str) -> str:
         origin_line = _origin_line(tb, script)
         if origin_line:
             lines.append(origin_line + "\n")
+        lines += [f"nbddp: hint: {hint}\n" for text, hint in HINTS if text in str(exc)]
         text = "".join(lines)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         prefix = f"[rank {os.environ.get('RANK', '?')}] "

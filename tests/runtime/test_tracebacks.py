@@ -192,3 +192,16 @@ def test_an_uncaught_error_in_a_gloo_run_skips_finalization_with_status_1(tmp_pa
     assert "atexit ran" in gloo.stdout and "atexit ran" in plain.stdout
     assert "finalized" not in gloo.stdout  # gloo: the process ended before finalization
     assert "finalized" in plain.stdout  # without a group: the usual interpreter exit
+
+
+def test_a_known_ddp_cause_gets_a_line_saying_what_to_do(tmp_path):
+    try:
+        raise RuntimeError("Expected to have finished reduction in the prior iteration before starting a new one.")
+    except RuntimeError as error:
+        report = tracebacks.format_report(type(error), error, error.__traceback__, str(tmp_path / "train.py"))
+    assert report.splitlines()[-1].startswith("nbddp: hint: under DDP every trainable parameter must get a gradient")
+    assert "finetune_vision_layers=False" in report and "--set ddp_find_unused_parameters=true" in report
+    try:
+        raise RuntimeError("something else")
+    except RuntimeError as error:
+        assert "nbddp: hint" not in tracebacks.format_report(type(error), error, error.__traceback__, "train.py")
