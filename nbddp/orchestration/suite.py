@@ -24,6 +24,9 @@ A tolerance is `relative` (fraction of the baseline), `absolute`, or both (the l
 training arguments the notebook builds, like the script's `--set NAME=VALUE` (bools true/false, a list's items
 separated by spaces; typed and checked as Transformers types that field, before the first run). `pipeline.py
 regress --set NAME=VALUE` applies to every case and wins over a case's `set`.
+
+The file is checked here rather than against a JSON schema (jsonschema comes with nbformat): each message names
+the case and says what the field takes, which a schema validator's messages do not.
 """
 
 from dataclasses import dataclass, field
