@@ -28,7 +28,7 @@ from nbddp.errors import UsageError
 from tools import standin_datasets, standins
 from tools.categories import CATEGORIES, classify
 from tools.notebook_facts import read_facts
-from tools.sweep_report import Outcome, first_error, merge, read, table, write
+from tools.sweep_report import Outcome, after_failed_download, first_error, merge, read, table, write
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS = Path("/tmp/unb/nb")  # unslothai/notebooks' nb/ at bdda2efc on the machine this was written on
@@ -308,8 +308,8 @@ class Runner:
         if not outcome.passed:
             output = (log_dir / "run.stderr").read_text(errors="replace")
             outcome.stage = "run"
-            outcome.error = first_error(output) if status is not None else (
-                f"timed out after {self.args.timeout} s; last: {first_error(output)}")
+            outcome.error = after_failed_download(first_error(output) if status is not None else (
+                f"timed out after {self.args.timeout} s; last: {first_error(output)}"), output)
         for name in ("run.stdout", "run.stderr"):
             keep_tail(log_dir / name, LOG_LIMIT)
 

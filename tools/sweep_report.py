@@ -9,7 +9,7 @@ a package outside the stacks, a hub or web download, an audio codec, a model's o
 apart, so "passed" can be read against what could run here.
 
 `python -m tools.sweep_report RESULTS` writes RESULTS' summary.md (and the counts of summary.json) again from the
-outcomes in summary.json, with this module's rules.
+outcomes in summary.json (and the runs' logs), with this module's rules.
 
 `first_error(text)` is the line a reader needs from a failing command's output: nbddp's one-paragraph error (its
 first line, with the notebook cell it came from), else the exception line of the first rank's traceback with
@@ -29,13 +29,17 @@ EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Fa
 NOT_THE_CAUSE = ("torch.distributed.elastic", "ChildFailedError")  # torchrun's summary of a failed rank
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing")
 MAX_ERROR = 300
+# A notebook's own download command that failed (nbddp's warning for a `!command`), which a later error follows from.
+FAILED_DOWNLOAD = re.compile(r"nbddp: warning: `!(?P<command>[^`]*\b(git clone|wget|curl|hf download|"
+                             r"huggingface-cli download)\b[^`]*)` exited with status")
+NO_NETWORK = "failed: no network"
 # What a CPU machine with no network lacks, by a pattern of the first error: (pattern, what is missing).
 LIMITS = (
     (r"No module named '(?!nbddp|unsloth)", "a package outside the tested stacks"),  # the notebook's own pip install
     (r"install 'torchcodec'|torchaudio|soundfile|librosa", "an audio decoder"),
     (r"vLLM is not available", "a package outside the tested stacks"),
     (r"syntax error: f-string: ", "Python 3.12's grammar (this machine's Python is older)"),
-    (r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
+    (re.escape(NO_NETWORK) + "|" r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
      r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
      r"URLError|Name or service not known|Unable to find .https?://",
      "the network (a hub or web download)"),
@@ -69,6 +73,12 @@ def limit(error: str | None) -> str | None:
         if error and re.search(pattern, error):
             return missing
     return None
+
+
+def after_failed_download(error: str, output: str) -> str:
+    """`error`, saying which of the notebook's download commands failed before it, if one did."""
+    found = FAILED_DOWNLOAD.search(output)
+    return f"{error} (after `!{_short(found['command'])[:80]}` {NO_NETWORK})" if found else error
 
 
 def first_error(text: str) -> str:
@@ -208,5 +218,9 @@ if __name__ == "__main__":
 
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "sweep_results" / "cpu"
     environment, outcomes = read(folder)
+    for outcome in outcomes:  # a sweep run before after_failed_download: its logs say what failed before
+        log = folder / "logs" / re.sub(r"[^\w.()+-]+", "_", outcome.notebook) / "run.stderr"
+        if outcome.stage == "run" and NO_NETWORK not in outcome.error and log.is_file():
+            outcome.error = after_failed_download(outcome.error, log.read_text(errors="replace"))
     print(table(outcomes))
     print("\nwrote " + " and ".join(map(str, write(folder, outcomes, environment))))

@@ -1,7 +1,8 @@
 """tools/sweep_report.py: the first error of a failing command, and the tables the sweep prints and writes."""
 import json
 
-from tools.sweep_report import Outcome, cause, counts, first_error, limit, markdown, merge, read, table, write
+from tools.sweep_report import (Outcome, after_failed_download, cause, counts, first_error, limit, markdown, merge, read,
+                                table, write)
 
 ORIGIN = "nbddp: ../out/train.py line {line} comes from /w/X/01_nb.ipynb, cell {cell}, line 3"
 
@@ -109,3 +110,13 @@ def test_write_json_and_markdown(tmp_path):
     assert summary["environment"] == {"date": "today"} and summary["counts"]["all"]["passed"] == 1
     assert [row["notebook"] for row in summary["notebooks"]] == ["A-Alpaca", "B-Alpaca", "C-GRPO", "D-TTS", "E-GRPO"]
     assert markdown_path.read_text().startswith("# nbddp sweep")
+
+
+def test_an_error_after_a_failed_download_says_so_and_counts_as_the_network():
+    output = ("nbddp: warning: `!git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1` exited with "
+              "status 128; the script goes on, as a notebook does\n")
+    error = after_failed_download("FileNotFoundError: 'OpenEnv' [01_nb.ipynb, cell 7, line 7]", output)
+    assert error.endswith("(after `!git clone https://github.com/meta-pytorch/OpenEnv.git > /dev/null 2>&1` failed: "
+                          "no network)")
+    assert limit(error) == "the network (a hub or web download)"
+    assert after_failed_download("KeyError: 0", "nbddp: warning: `!ls x` exited with status 2") == "KeyError: 0"
