@@ -1,5 +1,5 @@
-"""What `launch` (and `run`, `regress`) print when torchrun fails: which rank failed and how, the notebook cell it
-failed in, how far training got and the checkpoint to resume from.
+"""What `launch` (and `run`, `regress`) print when torchrun fails: which rank failed first and how, the notebook
+cell it failed in, how far training got and the checkpoint to resume from.
 
     nbddp: training failed (torchrun exit status 1)
       rank 1 failed: killed by SIGKILL (the out-of-memory killer, or kill -9; pid 4242)
@@ -14,16 +14,22 @@ writes its report (`nbddp: generated/train.py line L comes from <notebook>, cell
         generated/train.py line 237 comes from notebooks/03_train.ipynb, cell 6, line 1
 
 Sources: torchrun's failure summary (the `ChildFailedError` text its agent prints last on stderr: each failed
-worker's rank, exit code and error file, "Root Cause (first observed failure)" first), the error files,
-`<output_dir>/metrics.jsonl` and the checkpoint markers. torchrun's first observed failure is not always the
-cause: when rank 1 is killed, rank 0's gloo call fails at once ("Connection closed by peer"), and either can be
-observed first. So ranks stopped by torchrun (SIGTERM) or by a lost peer are named after the rank that failed.
+worker's rank, exit code and error file, "Root Cause (first observed failure)" first), the error files, the lines
+torchrun's agent logs for each worker it signals itself (`Sending process P closing signal SIGTERM`, `Unable to
+shutdown process P ..., forcefully exiting`), `<output_dir>/metrics.jsonl`, the checkpoint markers and the free
+space of output_dir's disk. torchrun's first observed failure is not always the cause: when rank 1 is killed,
+rank 0's gloo call fails at once ("Connection closed by peer"), and either can be observed first. So ranks stopped
+by torchrun or by a lost or silent peer are named after the rank that stopped first, chosen in this order: one
+that failed by itself (an exception, a signal from outside torchrun: SIGKILL, a SIGTERM it did not send), one that
+hung (torchrun's SIGTERM did not end it), one that ended early with status 0 (torchrun lists none: it is the
+rank of this node missing from the summary), one that exited with a bare status.
 """
 
 import json
 import re
+import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbddp.checkpoint_markers import latest_complete
@@ -34,10 +40,15 @@ from nbddp.orchestration.metrics import METRICS_FILE
 SUMMARY_START = "Root Cause (first observed failure):"
 # What a surviving rank's collective raises when its peer process died (gloo's tcp transport, pair.cc).
 LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
-SIGNAL_CAUSES = {
-    "SIGKILL": "the out-of-memory killer, or kill -9",
-    "SIGTERM": "torchrun stops every rank once one fails",
-}
+# ... and when a peer never came within the process group's timeout (gloo; NCCL's watchdog).
+TIMED_OUT = ("Timed out waiting", "collective operation timeout")
+# torchrun's agent (torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._close), once a worker failed.
+_TORCHRUN_TERMINATES = re.compile(r"Sending process (\d+) closing signal SIGTERM")
+_TORCHRUN_KILLS = re.compile(r"Unable to shutdown process (\d+) via \S+, forcefully exiting")
+# errno ENOSPC as Python words it (`[Errno 28] No space left on device: 'path'`), with the path when it has one.
+_NO_SPACE = re.compile(r"No space left on device(?:: '([^']+)')?|\bENOSPC\b")
+# torch.save on a full disk fails with "unexpected pos N vs M", which does not say why: so little free space does.
+NEARLY_FULL_BYTES = 100 * 2**20
 _ENTRY = re.compile(r"\[\d+\]:")
 _FIELD = re.compile(r"  (\w+)\s*: (.*)")
 _RANK = re.compile(r"(\d+) \(local_rank: (\d+)\)")
@@ -47,14 +58,16 @@ _RANK_PREFIX = re.compile(r"^\[rank \d+\] ")
 
 @dataclass(frozen=True)
 class RankFailure:
-    """One failed worker as torchrun's summary lists it, with what its error file says (if it wrote one)."""
+    """One failed worker as torchrun's summary lists it, with what its error file says (if it wrote one); or, with
+    exit code 0 and no pid, a worker that ended early (torchrun lists no such worker)."""
 
     rank: int
     local_rank: int
     exitcode: int  # negative: killed by that signal
-    pid: int
+    pid: int | None
     message: str | None = None  # "ValueError: bad value", from the error file
     origin: str | None = None  # "generated/train.py line 237 comes from notebooks/...", from the error file
+    report: str | None = field(default=None, compare=False, repr=False)  # the error file's whole traceback
 
     @property
     def signal_name(self) -> str | None:
@@ -66,36 +79,129 @@ class RankFailure:
             return f"signal {-self.exitcode}"
 
     @property
-    def followed_another(self) -> bool:
-        """Stopped because another rank failed: torchrun's SIGTERM, or a collective that lost its peer."""
-        return self.signal_name == "SIGTERM" or any(text in (self.message or "") for text in LOST_PEER)
-
-    def how(self) -> str:
-        if self.signal_name:
-            cause = SIGNAL_CAUSES.get(self.signal_name)
-            return f"killed by {self.signal_name} ({cause + '; ' if cause else ''}pid {self.pid})"
-        return self.message or f"exited with status {self.exitcode} (pid {self.pid})"
+    def waited_for_a_peer(self) -> bool:
+        """Its collective failed because a peer died or never came."""
+        return any(text in (self.message or "") for text in LOST_PEER + TIMED_OUT)
 
 
-def describe(status, torchrun_stderr, script=None, script_args=()):
-    """The report for a torchrun that exited with `status`; `torchrun_stderr` is (the end of) its stderr."""
+@dataclass(frozen=True)
+class TorchrunSignals:
+    """The pids of the workers torchrun's agent signalled itself, from its log: `terminated` (SIGTERM, once another
+    failed), `killed` (SIGKILL, once they outlived its shutdown timeout); `logged`: whether it logged either."""
+
+    terminated: frozenset
+    killed: frozenset
+
+    @classmethod
+    def read(cls, text):
+        return cls(*(frozenset(map(int, pattern.findall(text))) for pattern in (_TORCHRUN_TERMINATES, _TORCHRUN_KILLS)))
+
+    @property
+    def logged(self) -> bool:
+        return bool(self.terminated or self.killed)
+
+
+# How a rank stopped, in the order the report looks for the one that stopped first.
+FAILED, HUNG, ENDED_EARLY, BARE_STATUS, FOLLOWED = range(5)
+VERBS = {FAILED: "failed", HUNG: "hung", ENDED_EARLY: "ended early", BARE_STATUS: "failed"}
+
+
+def _kind(failure, failures, signals):
+    if failure.pid is None:
+        return ENDED_EARLY
+    if failure.signal_name == "SIGKILL" and failure.pid in signals.killed:
+        return HUNG
+    if failure.signal_name == "SIGTERM":
+        if signals.logged:
+            return FOLLOWED if failure.pid in signals.terminated else FAILED
+        # No log lines (LOGLEVEL hides them): torchrun's, unless every rank was terminated (from outside, then).
+        return FAILED if all(other.signal_name == "SIGTERM" for other in failures if other.pid) else FOLLOWED
+    if failure.waited_for_a_peer:
+        return FOLLOWED
+    return FAILED if failure.signal_name or failure.message else BARE_STATUS
+
+
+def _how(failure, kind):
+    pid = f"pid {failure.pid}"
+    if kind == ENDED_EARLY:
+        return "exited with status 0 while the other ranks still ran (its script ended early)"
+    if kind == HUNG:
+        return f"torchrun's SIGTERM did not end it, so torchrun killed it (stopped, or stuck in the kernel or a " \
+               f"driver; {pid})"
+    if failure.signal_name == "SIGKILL":
+        return f"killed by SIGKILL (the out-of-memory killer, or kill -9; {pid})"
+    if failure.signal_name == "SIGTERM":
+        if kind == FOLLOWED:
+            return f"killed by SIGTERM (torchrun stops every rank once one fails; {pid})"
+        return f"killed by SIGTERM from outside torchrun (kill, a scheduler's time limit or preemption; {pid})"
+    if failure.signal_name:
+        return f"killed by {failure.signal_name} ({pid})"
+    return failure.message or f"exited with status {failure.exitcode} ({pid})"
+
+
+def describe(status, torchrun_stderr, output_dir=None, processes=None):
+    """The report for a torchrun that exited with `status`; `torchrun_stderr` is (the end of) its stderr,
+    `output_dir` the training's, `processes` how many workers torchrun ran on this node (None: unknown)."""
     lines = [f"nbddp: training failed (torchrun exit status {status})"]
     failures = parse_summary(torchrun_stderr)
     if not failures:
         lines.append("  torchrun printed no per-rank failure summary; its output above says why")
-    culprit = next((failure for failure in failures if not failure.followed_another), failures[0] if failures else None)
-    if culprit is not None:
-        lines.append(f"  rank {culprit.rank} failed: {culprit.how()}")
-        if culprit.origin:
-            lines.append(f"    {culprit.origin}")
-    for failure in failures:
-        if failure is not culprit:
-            lines.append(f"  rank {failure.rank} {'stopped after it' if failure.followed_another else 'failed too'}: "
-                         f"{failure.how()}")
-    output_dir = find_output_dir(script, script_args) if script else None
+    failures += ended_early(failures, processes)
+    signals = TorchrunSignals.read(torchrun_stderr)
+    kinds = [_kind(failure, failures, signals) for failure in failures]
+    order = sorted(range(len(failures)), key=lambda index: kinds[index])
+    for position, index in enumerate(order):
+        failure, kind = failures[index], kinds[index]
+        if position == 0:
+            lines.append(f"  rank {failure.rank} {VERBS.get(kind, 'failed')}: {_how(failure, kind)}")
+            if failure.origin:
+                lines.append(f"    {failure.origin}")
+        else:
+            verb = "stopped after it" if kind == FOLLOWED else f"{VERBS[kind]} too"
+            lines.append(f"  rank {failure.rank} {verb}: {_how(failure, kind)}")
+    texts = [torchrun_stderr, *(text for failure in failures for text in (failure.message, failure.report))]
+    disk = disk_full_line(texts, output_dir)
+    if disk:
+        lines.append(disk)
     if output_dir is not None:
         lines += progress_lines(Path(output_dir))
     return "\n".join(lines)
+
+
+def ended_early(failures, processes):
+    """The workers of this node that torchrun's summary does not list, although others failed: they exited with
+    status 0 (torchrun lists every other worker, those it stopped included)."""
+    if not failures or not processes:
+        return []
+    offset = failures[0].rank - failures[0].local_rank  # torchrun numbers a node's workers consecutively
+    listed = {failure.local_rank for failure in failures}
+    return [RankFailure(offset + local_rank, local_rank, 0, None) for local_rank in range(processes)
+            if local_rank not in listed]
+
+
+def disk_full_line(texts, output_dir=None):
+    """`  disk full: ...` when a text of the failure says No space left on device (ENOSPC), with the path it names
+    and the space left on output_dir's disk; or when that disk has less than NEARLY_FULL_BYTES left. Else None."""
+    found = next((match for text in texts if text and (match := _NO_SPACE.search(text))), None)
+    free = free_bytes(output_dir) if output_dir is not None else None
+    left = f"{free / 2**20:.0f} MiB free on the disk of {output_dir}" if free is not None else None
+    if found:
+        return "  disk full: No space left on device" + (f" writing {found[1]}" if found[1] else "") + \
+            (f"; {left}" if left else "")
+    if free is not None and free < NEARLY_FULL_BYTES:
+        return f"  disk full: only {left}"
+    return None
+
+
+def free_bytes(path):
+    """Bytes free on the disk of `path`, or of its deepest folder that exists; None when not even that."""
+    for folder in (Path(path), *Path(path).absolute().parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
 
 
 def parse_summary(text):
@@ -126,17 +232,29 @@ def _failure(fields):
     rank, exitcode = _RANK.match(fields.get("rank", "")), _EXITCODE.match(fields.get("exitcode", ""))
     if rank is None or exitcode is None:
         return None
-    message, origin = read_error_file(fields.get("error_file"))
-    return RankFailure(int(rank[1]), int(rank[2]), int(exitcode[1]), int(exitcode[2]), message, origin)
+    record = _error_record(fields.get("error_file"))
+    message, origin = _message_and_origin(record)
+    report = record.get("extraInfo", {}).get("py_callstack") if isinstance(record, dict) else None
+    return RankFailure(int(rank[1]), int(rank[2]), int(exitcode[1]), int(exitcode[2]), message, origin, report)
 
 
 def read_error_file(path):
     """(message, origin line) from a worker's error file (torch.distributed.elastic's JSON); Nones when absent."""
+    return _message_and_origin(_error_record(path))
+
+
+def _error_record(path):
+    """The `message` record of a worker's error file; None when it has none."""
     if not path or path == "<N/A>":
-        return None, None
+        return None
     try:
-        record = json.loads(Path(path).read_text(encoding="utf-8"))["message"]
+        return json.loads(Path(path).read_text(encoding="utf-8"))["message"]
     except (OSError, ValueError, KeyError, TypeError):  # gone, or not the format torch writes
+        return None
+
+
+def _message_and_origin(record):
+    if record is None:
         return None, None
     if not isinstance(record, dict):
         return str(record), None
@@ -176,13 +294,16 @@ def progress_lines(output_dir):
     metrics = output_dir / METRICS_FILE
     step = last_logged_step(metrics)
     lines = [f"  last logged step: {step} ({metrics})" if step is not None else f"  last logged step: none in {metrics}"]
+    return lines + [f"  {resume_hint(output_dir)}"]
+
+
+def resume_hint(output_dir):
+    """Where a rerun goes on from: the last complete checkpoint in `output_dir`, and the flag that resumes from it."""
     checkpoint = latest_complete(output_dir)
     if checkpoint is None:
-        lines.append(f"  last complete checkpoint: none in {output_dir}")
-    else:
-        lines.append(f"  last complete checkpoint: {checkpoint.path} (step {checkpoint.step}); "
-                     "rerun with --resume true to continue from it")
-    return lines
+        return f"last complete checkpoint: none in {output_dir}"
+    return f"last complete checkpoint: {checkpoint.path} (step {checkpoint.step}); rerun with --resume true to " \
+           "continue from it"
 
 
 def last_logged_step(path):

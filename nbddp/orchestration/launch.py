@@ -2,7 +2,8 @@
 
 The command is `sys.executable -m torch.distributed.run ...` (torchrun of this interpreter) built as
 a list and run without a shell. `--nproc-per-node auto` means one process per visible GPU or,
-without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too.
+without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too. SIGINT or SIGTERM stops torchrun and
+every worker, and says where to resume (`stopping`).
 """
 
 import os
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, environment, failure_report, parameters, stderr_tail
+from nbddp.orchestration import devices, environment, failure_report, parameters, stderr_tail, stopping
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
@@ -71,6 +72,7 @@ class LaunchPlan:
     env_additions: dict
     script: str | None = None  # and its flags: where a failure report finds the training output_dir
     script_args: tuple = ()
+    processes: int | None = None  # on this node: a failure report names those that torchrun does not list
 
     def describe(self):
         """One shell line a user can paste to run the same thing."""
@@ -91,7 +93,8 @@ def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, e
         # Every rank's stdout and stderr into files under log_dir, and still on the console.
         command += ["--log-dir", str(log_dir), "--tee", "3"]
     command += [str(script), *script_args]
-    return LaunchPlan(command, env_additions(processes, environ) | (extra_env or {}), str(script), tuple(script_args))
+    return LaunchPlan(command, env_additions(processes, environ) | (extra_env or {}), str(script), tuple(script_args),
+                      processes)
 
 
 # Set for the workers unless the user has; the SLURM job script sets the same (slurm.py).
@@ -123,14 +126,30 @@ def _cpu_count():
 
 def execute(plan, environ=None):
     """Run the plan; returns torchrun's exit status. When torchrun fails, prints which rank failed, where,
-    and how far training got (`failure_report`)."""
+    and how far training got (`failure_report`). Raises stopping.Interrupted, naming the checkpoint to resume
+    from, when a signal stopped it."""
     env = environment.child_environment(environ=environ) | plan.env_additions
-    status, stderr = stderr_tail.run(plan.command, env)
+    try:
+        status, stderr = stderr_tail.run(plan.command, env)
+    except stopping.Interrupted as stopped:
+        output_dir = _output_dir(plan, env)
+        resume = f"; {failure_report.resume_hint(output_dir)}" if output_dir else ""
+        raise stopping.Interrupted(stopped.signum, f"torchrun and its workers have exited{resume}") from None
     if status != 0:
-        print(failure_report.describe(status, stderr, plan.script, plan.script_args), file=sys.stderr, flush=True)
+        print(failure_report.describe(status, stderr, _output_dir(plan, env), plan.processes), file=sys.stderr,
+              flush=True)
     return status
 
 
+def _output_dir(plan, env):
+    """The training output_dir: the script's `--output_dir` or default, else NBDDP_OUTPUT_DIR (a script without
+    such a parameter); None when neither is known."""
+    found = (failure_report.find_output_dir(plan.script, plan.script_args) if plan.script else None) \
+        or env.get("NBDDP_OUTPUT_DIR")
+    return Path(found) if found else None
+
+
+@stopping.ends_on_signals
 def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False, *,
            overrides=(), batch_layout=None):
     """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status.

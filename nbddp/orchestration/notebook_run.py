@@ -17,7 +17,7 @@ import yaml
 
 from nbddp import errors
 from nbddp.errors import NotebookError
-from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr
+from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr, stopping
 from nbddp.orchestration.sourcemap import SourceMap
 
 # The kernelspec the generated script declares (docs/design.md); a script without one gets it.
@@ -56,7 +56,8 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
     `extra_env`: variables for the kernel on top of ours.
 
     Writes `<stem>.ipynb` (executed), `<stem>.html`, the cells' stdout/stderr logs and papermill's own stderr
-    (`papermill.stderr.log`). Raises NotebookRunFailed naming the source notebook, cell and line when a cell fails.
+    (`papermill.stderr.log`). Raises NotebookRunFailed naming the source notebook, cell and line when a cell fails,
+    stopping.Interrupted when a signal stopped papermill and its kernel.
     """
     out_dir = Path(out_dir)
     stem = Path(script).stem
@@ -68,7 +69,11 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
         env |= extra_env or {}
         command = papermill_command(given, executed, parameters, out_dir, timeout, progress)
         started = time.monotonic()
-        status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG)
+        try:
+            status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG)
+        except stopping.Interrupted as stopped:
+            raise stopping.Interrupted(stopped.signum, f"papermill and its kernel have exited; the notebook run "
+                                                       f"wrote into {out_dir}") from None
         wall_time_s = time.monotonic() - started
     if not executed.exists():
         log = out_dir / PAPERMILL_LOG

@@ -11,24 +11,28 @@ import codecs
 import subprocess
 import sys
 
+from nbddp.orchestration import stopping
+
 TRACEBACK_START = "Traceback (most recent call last):"
 
 
 def run(command, env, log_path) -> int:
-    """Run `command`, echo its stderr up to the first traceback, write all of it to `log_path`; its exit status."""
-    with open(log_path, "w", encoding="utf-8") as log, subprocess.Popen(command, env=env, stderr=subprocess.PIPE) as process:
+    """Run `command`, echo its stderr up to the first traceback, write all of it to `log_path`; its exit status.
+    A SIGINT or SIGTERM stops papermill and its kernel and raises stopping.Interrupted (the console echoes no more)."""
+    with open(log_path, "w", encoding="utf-8") as log, \
+            stopping.child(command, env=env, stderr=subprocess.PIPE) as (process, stop):
         console = _UntilTraceback(sys.stderr)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        try:
-            for chunk in iter(lambda: process.stderr.read1(1 << 16), b""):
-                text = decoder.decode(chunk)
-                log.write(text)
-                console.write(text)
-            console.close()
-            return process.wait()
-        except KeyboardInterrupt:
-            # The terminal sent SIGINT to papermill too; let it stop its kernel before we exit.
-            return process.wait()
+        for chunk in iter(lambda: process.stderr.read1(1 << 16), b""):
+            text = decoder.decode(chunk)
+            log.write(text)
+            if stop.signum is not None:
+                console.stop()
+            console.write(text)
+        if stop.signum is not None:
+            console.stop()
+        console.close()
+        return process.wait()
 
 
 class _UntilTraceback:
@@ -38,6 +42,13 @@ class _UntilTraceback:
         self.stream = stream
         self.pending = ""
         self.stopped = False
+        self.mid_line = False  # what it passed on so far does not end with a newline
+
+    def stop(self):
+        """Pass nothing more on (a signal is stopping the job), and end the line the stream is on."""
+        if not self.stopped and self.mid_line:
+            self._emit("\n")
+        self.pending, self.stopped = "", True
 
     def write(self, text):
         if self.stopped:
@@ -61,6 +72,7 @@ class _UntilTraceback:
         if text:
             self.stream.write(text)
             self.stream.flush()
+            self.mid_line = not text.endswith("\n")
 
 
 def _longest_prefix_suffix(text, marker) -> int:

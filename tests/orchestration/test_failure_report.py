@@ -1,3 +1,4 @@
+import collections
 import json
 
 import pytest
@@ -107,7 +108,7 @@ def test_progress_from_metrics_and_checkpoints(tmp_path):
         checkpoint_markers.mark_complete(output_dir / f"checkpoint-{step}", step, world_size=2)
     lines = [json.dumps({"event": "eval", "step": 0}), *(json.dumps({"step": s, "loss": 1.0}) for s in range(1, 12))]
     (output_dir / "metrics.jsonl").write_text("\n".join(lines) + '\n{"step": 12, "lo')  # rank 0 killed mid-line
-    text = describe(1, summary((1, -9)), "generated/train.py", ["--max_steps", "20", "--output_dir", str(output_dir)])
+    text = describe(1, summary((1, -9)), output_dir)
     assert text.splitlines()[-2:] == [
         f"  last logged step: 11 ({output_dir / 'metrics.jsonl'})",
         f"  last complete checkpoint: {output_dir / 'checkpoint-8'} (step 8); rerun with --resume true to continue from it",
@@ -130,3 +131,96 @@ def test_output_dir_from_the_flags_else_the_scripts_default(tmp_path):
     other.write_text("print('no parameters cell')\n")
     assert find_output_dir(other, []) is None
     assert find_output_dir(tmp_path / "missing.py", []) is None
+
+
+def torchrun_log(terminated=(), killed=()):
+    """What torchrun's agent logs for each worker it signals (torch/distributed/elastic/multiprocessing/api.py)."""
+    where = "14487 torch/distributed/elastic/multiprocessing/api.py"
+    lines = [f"W1201 16:32:45.019000 {where}:1028] Sending process {pid} closing signal SIGTERM" for pid in terminated]
+    lines += [f"W1201 16:34:25.476000 {where}:1047] Unable to shutdown process {pid} via 15, forcefully exiting via 9"
+              for pid in killed]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("observed", [[(1, -15), (0, -15)], [(0, -15), (1, -15)]])
+def test_a_sigterm_from_outside_is_told_from_torchruns_own(observed):
+    # `kill 1917` (or a scheduler) ended rank 1; torchrun then sent SIGTERM to rank 0 (pid 1916) and logged it
+    text = describe(1, torchrun_log(terminated=[1916]) + summary(*observed))
+    assert text.splitlines()[1:] == [
+        "  rank 1 failed: killed by SIGTERM from outside torchrun (kill, a scheduler's time limit or preemption; "
+        "pid 1917)",
+        "  rank 0 stopped after it: killed by SIGTERM (torchrun stops every rank once one fails; pid 1916)",
+    ]
+
+
+def test_every_rank_terminated_from_outside():
+    # scancel, `kill` of every worker: torchrun stopped none itself
+    assert describe(1, summary((0, -15), (1, -15))).splitlines()[1:] == [
+        "  rank 0 failed: killed by SIGTERM from outside torchrun (kill, a scheduler's time limit or preemption; "
+        "pid 1916)",
+        "  rank 1 failed too: killed by SIGTERM from outside torchrun (kill, a scheduler's time limit or preemption; "
+        "pid 1917)",
+    ]
+
+
+@pytest.mark.parametrize("timed_out", [True, False])
+def test_a_hung_rank_is_named_first_not_the_one_that_timed_out_waiting_for_it(tmp_path, timed_out):
+    # rank 1 stopped (SIGSTOP, a wedged driver): rank 0's collective timed out, torchrun's SIGTERM did not end
+    # rank 1, and torchrun killed it 30 s later
+    waited = error_file(tmp_path / "0.json", "RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                                             "waiting 4000ms for recv operation to complete") if timed_out else "<N/A>"
+    text = describe(1, torchrun_log(terminated=[1917], killed=[1917]) + summary((0, 1, waited), (1, -9)))
+    rank_0 = "  rank 0 stopped after it: RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out " \
+             "waiting 4000ms for recv operation to complete"
+    assert text.splitlines()[1:] == [
+        "  rank 1 hung: torchrun's SIGTERM did not end it, so torchrun killed it (stopped, or stuck in the kernel or a "
+        "driver; pid 1917)",
+        rank_0 if timed_out else "  rank 0 failed too: exited with status 1 (pid 1916)",
+    ]
+
+
+@pytest.mark.parametrize("lost_peer", [True, False])
+def test_a_rank_that_ended_early_with_status_0_is_named(tmp_path, lost_peer):
+    # rank 1 ended its script early (status 0), so torchrun lists only rank 0, whose all_reduce lost its peer
+    lost = error_file(tmp_path / "0.json", "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:18825") \
+        if lost_peer else "<N/A>"
+    text = describe(1, summary((0, 1, lost)), processes=2)
+    assert text.splitlines()[1:] == [
+        "  rank 1 ended early: exited with status 0 while the other ranks still ran (its script ended early)",
+        "  rank 0 stopped after it: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:18825"
+        if lost_peer else "  rank 0 failed too: exited with status 1 (pid 1916)",
+    ]
+
+
+def test_ranks_of_another_node_are_not_taken_for_early_exits():
+    # node 1 of 2 nodes, 2 workers each: its workers are ranks 2 and 3
+    failures = parse_summary(summary((3, -9)).replace("3 (local_rank: 3)", "3 (local_rank: 1)"))
+    assert [(f.rank, f.local_rank) for f in failure_report.ended_early(failures, 2)] == [(2, 0)]
+    assert failure_report.ended_early(failures, None) == []
+
+
+DiskUsage = collections.namedtuple("DiskUsage", "total used free")
+
+
+@pytest.mark.parametrize("free_mib, callstack, line", [
+    # the traceback the error file keeps: torch.save's own message does not say why, the chained OSError does
+    (5, "OSError: [Errno 28] No space left on device: '/x/outputs/checkpoint-8/optimizer.pt'",
+     "  disk full: No space left on device writing /x/outputs/checkpoint-8/optimizer.pt; 5 MiB free on the disk of {}"),
+    (5, "", "  disk full: only 5 MiB free on the disk of {}"),
+    (50_000, "", None),
+])
+def test_a_full_disk_is_said(tmp_path, monkeypatch, free_mib, callstack, line):
+    monkeypatch.setattr(failure_report.shutil, "disk_usage", lambda path: DiskUsage(10**12, 0, free_mib * 2**20))
+    path = tmp_path / "1.json"
+    message = "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+    path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"py_callstack": callstack}}}))
+    output_dir = tmp_path / "outputs"  # not created yet: the space of the disk it would be on
+    lines = describe(1, summary((1, 1, str(path)), (0, -15)), output_dir).splitlines()
+    assert lines[1] == f"  rank 1 failed: {message}"
+    disk = [text for text in lines if "disk full" in text]
+    assert disk == ([line.format(output_dir)] if line else [])
+
+
+def test_no_space_in_the_workers_stderr_is_enough():
+    text = describe(1, "[rank1]: OSError: [Errno 28] No space left on device\n" + summary((1, 1)))
+    assert "  disk full: No space left on device" in text.splitlines()
