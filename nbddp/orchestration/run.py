@@ -4,14 +4,15 @@ With `--batch-layout auto`, a second smoke run (`smoke-auto/`) trains the same s
 torchrun gets it only if the losses agree (layout_check).
 Everything lands in `runs/<UTC timestamp>-run/`: `smoke/` (the smoke run), `train/` (the training
 run's output_dir, unless -p output_dir says otherwise), `logs/` (every rank's stdout/stderr) and
-`loss_curve.png`.
+`loss_curve.png`. A SIGINT or SIGTERM, at any stage, stops it and every process it started (`stopping`).
 """
 
 import os
+import time
 from pathlib import Path
 
 from nbddp.errors import NbddpError
-from nbddp.orchestration import devices, launch, layout_check, parameters, plots, smoke
+from nbddp.orchestration import devices, launch, layout_check, parameters, plots, smoke, stopping
 from nbddp.orchestration.metrics import METRICS_FILE, last_trainer_state, read_metrics, read_trainer_state
 from nbddp.orchestration.sourcemap import SourceMap
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
@@ -38,6 +39,7 @@ def check_export_fresh(script):
                          f"\n  hint: run `python pipeline.py export{again}`")
 
 
+@stopping.ends_on_signals
 def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
         timeout=None, runs_root=RUNS_ROOT, *, overrides=(), batch_layout=None):
     """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`) go to torchrun and (but for the
@@ -47,6 +49,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout)
     overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
+    started = time.time()
     run_dir = new_run_dir("run", runs_root)
     train = dict(user)
     output_dir = Path(user.get("output_dir", run_dir / "train"))
@@ -72,19 +75,23 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     status = launch.execute(plan)
     if status != 0:
         raise LaunchFailed(status, logs)
-    summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check)
+    summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check,
+                        saved=saved_models(Path.cwd(), started, runs_root))
     print(summary, flush=True)
     return summary
 
 
-def summarise(run_dir, output_dir, logs, check=None):
+def summarise(run_dir, output_dir, logs, check=None, saved=()):
     """The summary text; draws loss_curve.png in `run_dir` from the training run's metrics; `check`: the smoke
-    run's layout check (`--batch-layout auto`)."""
+    run's layout check (`--batch-layout auto`); `saved`: the models the notebook's own code saved (`saved_models`)."""
     lines = [f"run: done; everything is in {run_dir}"]
     if check is not None:
         lines.append(f"  layout check:  {check.describe()}")
     adapter = _find_adapter(output_dir)
-    lines.append(f"  adapter:       {adapter or f'none found under {output_dir}'}")
+    in_checkpoint = adapter is not None and any(part.startswith("checkpoint-") for part in adapter.parts)
+    lines.append(f"  adapter:       {adapter or f'none found under {output_dir}'}"
+                 + (" (the last checkpoint's)" if in_checkpoint else ""))
+    lines += [f"  saved by the notebook: {path}" for path in saved]
     lines.append(f"  logs:          {logs}")
     events = sorted(output_dir.rglob("events.out.tfevents*")) if output_dir.exists() else []
     if events:
@@ -109,6 +116,31 @@ def summarise(run_dir, output_dir, logs, check=None):
     curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
     lines.append(f"  loss curve:    {plots.plot_loss_panels([('loss', curves)], run_dir / 'loss_curve.png')}")
     return "\n".join(lines)
+
+
+def saved_models(root, since, runs_root=RUNS_ROOT, depth=3):
+    """The model and adapter folders under `root` (`depth` levels at most; not in runs/, hidden or virtualenv
+    folders) written since `since`: where the notebook's own `save_pretrained("lora_model")` calls put them."""
+    skip = {Path(runs_root).resolve()}
+    found = []
+
+    def visit(folder, level):
+        try:
+            entries = sorted(folder.iterdir())
+        except OSError:
+            return
+        configs = {"adapter_config.json", "config.json"} & {entry.name for entry in entries}
+        if configs and max((folder / name).stat().st_mtime for name in configs) >= since:
+            found.append(folder.relative_to(root) if folder != root else folder)
+            return
+        for entry in entries:
+            if (level < depth and entry.is_dir() and not entry.is_symlink() and not entry.name.startswith(".")
+                    and not (entry / "pyvenv.cfg").exists() and entry.resolve() not in skip
+                    and not entry.name.startswith("checkpoint-")):
+                visit(entry, level + 1)
+
+    visit(Path(root), 0)
+    return found
 
 
 def _find_adapter(output_dir):

@@ -6,7 +6,8 @@ likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point tr
 `--set NAME=VALUE` overrides of the training arguments reach the kernel as NBDDP_SET (training_overrides), and
 `--batch-layout` as the script's `batch_layout` parameter.
 Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
-params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there).
+params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there). A SIGINT or
+SIGTERM stops papermill and its kernel (`stopping`).
 """
 
 import os
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, files, launch, layout_check, notebook_run, parameters
+from nbddp.orchestration import devices, files, launch, layout_check, notebook_run, parameters, stopping
 from nbddp.orchestration.metrics import METRICS_FILE
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
@@ -33,6 +34,7 @@ class SmokeResult:
     metrics: Path | None
 
 
+@stopping.ends_on_signals
 def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeout=None, runs_root=RUNS_ROOT, *,
           overrides=(), batch_layout=None):
     """Smoke-run `script` with the smoke defaults, then the -f file's values, then each -p flag.
@@ -76,7 +78,9 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     env = smoke_environment(defaults, run_dir) | (extra_env or {})
     in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())
     print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}", flush=True)
-    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout, extra_env=env)
+    # the runtime's smoke_sandbox: what the notebook saves lands in run_dir, and nothing is pushed
+    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout,
+                                    extra_env=env | {"NBDDP_SMOKE_DIR": str(run_dir.resolve())})
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
     html = f", HTML {run.html}" if run.html else ""
     print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}{html}", flush=True)

@@ -44,9 +44,10 @@ def setup(backend: str, script: str | None, resume: bool = False, batch_layout="
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
-    from nbddp.runtime import checkpoint_callback  # imports transformers: only once the backend is active
+    from nbddp.runtime import checkpoint_callback, smoke_sandbox  # imports transformers: once the backend is active
 
     checkpoint_callback.register()
+    smoke_sandbox.install()  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         print(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}", flush=True)
     return ddp

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from nbddp.errors import UsageError
-from nbddp.runtime import batch_plan
+from nbddp.runtime import batch_plan, smoke_sandbox
 from nbddp.runtime.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
@@ -118,10 +118,10 @@ class DistributedContext:
 
     def write_file(self, path, text, append=False):
         """A notebook's `%%writefile [-a] path` cell: write its text once per machine, as `shell` runs a command,
-        and say so as IPython does."""
+        and say so as IPython does; in a smoke run, under its folder (smoke_sandbox)."""
         with self._once.claim(f"write_file\0{path}\0{append}\0{text}") as first:
             if first:
-                path = Path(path).expanduser()
+                path = Path(smoke_sandbox.redirected(path)).expanduser()
                 verb = ("Appending to" if append else "Overwriting") if path.exists() else "Writing"
                 with open(path, "a" if append else "w", encoding="utf-8") as file:
                     file.write(text)
@@ -168,6 +168,7 @@ class DistributedContext:
             from nbddp.runtime import training_overrides
 
             kwargs, notes = training_overrides.apply(config_class, kwargs, training_overrides.from_environment())
+            kwargs = smoke_sandbox.training_kwargs(config_class.__name__, kwargs)  # a smoke run pushes nothing
             if not self.on_gpu:  # TRL's configs turn bf16 on when it is not given, which a CPU cannot run
                 kwargs.setdefault("bf16", False)
             micro_batch, accumulation = (kwargs.get(name, _field_default(config_class, name))

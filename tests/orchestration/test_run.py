@@ -11,7 +11,7 @@ from nbddp.errors import NbddpError
 from nbddp.orchestration import launch, run as run_module
 from nbddp.orchestration.launch import LaunchOptions
 from nbddp.orchestration.notebook_run import NotebookRunFailed
-from nbddp.orchestration.run import LaunchFailed, check_export_fresh, run, summarise
+from nbddp.orchestration.run import LaunchFailed, check_export_fresh, run, saved_models, summarise
 
 from .conftest import REPO, metric_lines, needs_generated_script
 
@@ -106,6 +106,34 @@ def test_without_metrics_jsonl_the_summary_reads_the_last_checkpoints_trainer_st
     assert f"metrics:       {tmp_path / 'checkpoint-60' / 'trainer_state.json'} (no metrics.jsonl: losses only)" in summary
     assert "train loss:    5.5000 (final step)" in summary and "held-out loss: 5.7500" in summary
     assert "tokens/s:      n/a" in summary and (tmp_path / "loss_curve.png").is_file()
+
+
+def test_the_summary_lists_the_models_the_notebook_saved_since_the_run_began(tmp_path):
+    import os
+    import time
+
+    project = tmp_path / "project"
+    for folder in ("lora_model", "models/tiny-llama", "runs/x-run/train/adapter", ".venv/m", "outputs/checkpoint-3"):
+        (project / folder).mkdir(parents=True)
+        (project / folder / "adapter_config.json").write_text("{}")
+    began = time.time()
+    old = began - 3600
+    os.utime(project / "models" / "tiny-llama" / "adapter_config.json", (old, old))  # there before the run
+    (project / "lora_model" / "adapter_config.json").write_text('{"r": 16}')  # rewritten in place by this run
+    os.utime(project / "lora_model" / "adapter_config.json", (began + 1, began + 1))
+    assert saved_models(project, began, project / "runs") == [Path("lora_model")]
+    output_dir = project / "runs" / "x-run" / "train"
+    (output_dir / "checkpoint-9" / "adapter").mkdir(parents=True)
+    (output_dir / "checkpoint-9" / "adapter" / "adapter_config.json").write_text("{}")
+    summary = summarise(tmp_path, output_dir, tmp_path / "logs", saved=[Path("lora_model")])
+    assert "  saved by the notebook: lora_model\n" in summary
+
+
+def test_the_summary_calls_a_checkpoints_adapter_so(tmp_path):
+    (tmp_path / "checkpoint-60").mkdir()
+    (tmp_path / "checkpoint-60" / "adapter_config.json").write_text("{}")
+    summary = summarise(tmp_path, tmp_path, tmp_path / "logs")
+    assert f"adapter:       {tmp_path / 'checkpoint-60'} (the last checkpoint's)" in summary
 
 
 def test_the_summary_says_when_nothing_was_saved(tmp_path):

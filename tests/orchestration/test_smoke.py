@@ -58,6 +58,26 @@ def test_a_script_without_max_steps_and_output_dir_parameters_gets_them_through_
     assert f"steps: 3 3 into: {result.run_dir}\n" in [output.get("text") for output in outputs]
 
 
+def test_what_the_notebook_saves_lands_in_the_smoke_folder_not_the_project(workdir):
+    # NBDDP_SMOKE_DIR (run_smoke sets it to the run folder) makes the runtime redirect saves (smoke_sandbox).
+    tiny_llama = Path(__file__).parents[2] / "models" / "tiny-llama"
+    (workdir / "saves.py").write_text(textwrap.dedent(f"""\
+        # %% tags=["parameters"]
+        backend = "hf"
+
+        # %%
+        from nbddp import runtime
+        ddp = runtime.setup(backend=backend, script=None)
+        from transformers import AutoTokenizer
+        AutoTokenizer.from_pretrained({str(tiny_llama)!r}).save_pretrained("lora_model")
+        ddp.write_file("lora_model/TRAINING.md", "adapters\\n")
+        """))
+    result = smoke("saves.py", device="cpu", timeout=120)
+    assert not (workdir / "lora_model").exists()
+    assert (result.run_dir / "lora_model" / "tokenizer.json").is_file()
+    assert (result.run_dir / "lora_model" / "TRAINING.md").read_text() == "adapters\n"
+
+
 def test_the_environment_is_left_to_the_scripts_parameters_or_the_users_own_setting():
     run_dir = Path("runs/x-smoke")
     assert smoke_environment({"backend": "auto"}, run_dir, environ={}) == {

@@ -1,0 +1,202 @@
+"""A smoke run writes nothing of the user's: what the notebook's code saves lands in the smoke run's folder, and
+nothing goes to a hub.
+
+`pipeline.py smoke` (and `run`'s smoke step) set NBDDP_SMOKE_DIR to the smoke run's folder; `runtime.setup` then
+calls `install()`, which wraps the library methods listed below, each once however often it runs. Without the
+variable nothing is wrapped: the training run saves and pushes where the notebook says.
+
+A save to a path P goes to `redirected(P)`:
+- P itself when it lies in the smoke folder already (the smoke's output_dir) or in nbddp's model cache
+  (`tiny_model.ensure_weights` builds weights there; nbddp's, not the user's);
+- `<smoke dir>/P` for a P in the project (the working directory), `<smoke dir>/abs/<P from its root>` for any other
+  (`/content/drive/...`, `/tmp/x`): the smoke run writes neither.
+The first save to each P prints where it went. A Trainer's checkpoints (`save_model(_internal_call=True)`) stay
+whole where its output_dir says, which the smoke run points at its folder.
+
+Wrapped (no upstream bug behind these: the smoke run must leave the user's files and hub repositories alone):
+- `save_pretrained` of transformers' PreTrainedModel, PreTrainedTokenizerBase (and TokenizersBackend, which has
+  its own) and ProcessorMixin and of PEFT's PeftModel (Unsloth's models and tokenizers are these; hf_backend's
+  `save_lora` is PeftModel's): redirected, and their `push_to_hub=True` skipped.
+- `Trainer.save_model`, matplotlib's `Figure.savefig` (`plt.savefig` calls it), and `ddp.write_file` (%%writefile,
+  which calls `redirected` itself): redirected.
+- Unsloth's saving functions in `unsloth.save`, which it binds to each model it loads (`save_pretrained_merged`,
+  `save_pretrained_gguf`, ...): redirected; its pushes (`push_to_hub_merged`, `push_to_hub_gguf`, and
+  `upload_to_huggingface`, which its `push_to_hub` calls first) skipped.
+- skipped with one line per repository: `push_to_hub` of PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
+  and PushToHubMixin (PEFT models'), Trainer.push_to_hub, huggingface_hub's HfApi.upload_file, upload_folder and
+  upload_large_folder and the module's functions of those names; the training arguments' `push_to_hub=True` is
+  turned off (`training_kwargs`).
+Not covered: `!` commands, `open()`, `torch.save`, datasets' `save_to_disk`; nor a later read of a redirected path
+(`from_pretrained("lora_model")` in the same notebook reads the project's).
+"""
+import contextvars
+import functools
+import os
+import sys
+from pathlib import Path
+
+SMOKE_DIR_VARIABLE = "NBDDP_SMOKE_DIR"
+OUTSIDE_PROJECT = "abs"  # <smoke dir>/abs/<path from its root>: where a save outside the project goes
+WRAPPED = "nbddp_smoke_sandbox"  # marks a wrapper, so that install() wraps each method once
+UPLOADS = ("upload_file", "upload_folder", "upload_large_folder")
+UNSLOTH_SAVES = ("unsloth_generic_save_pretrained_merged", "unsloth_save_pretrained_gguf",
+                 "unsloth_save_pretrained_torchao", "unsloth_convert_lora_to_ggml_and_save_locally")
+UNSLOTH_PUSHES = ("unsloth_generic_push_to_hub_merged", "unsloth_push_to_hub_gguf",
+                  "unsloth_convert_lora_to_ggml_and_push_to_hub", "upload_to_huggingface")
+
+_trainer_saving = contextvars.ContextVar("nbddp_trainer_saving", default=False)
+_announced = set()  # the destinations already named: one line each
+
+
+def smoke_dir() -> Path | None:
+    """The smoke run's folder (absolute), or None outside a smoke run."""
+    text = os.environ.get(SMOKE_DIR_VARIABLE)
+    return Path(os.path.abspath(text)) if text else None
+
+
+def install() -> None:
+    """In a smoke run (NBDDP_SMOKE_DIR set), wrap the saving and pushing methods listed above; otherwise nothing."""
+    if smoke_dir() is None:
+        return
+    for owner, name, wrap in targets():
+        current = vars(owner).get(name)  # a class's own method (one it inherits is wrapped where it is defined)
+        if current is not None and not getattr(current, WRAPPED, False):
+            wrapper = wrap(current)
+            setattr(wrapper, WRAPPED, True)
+            setattr(owner, name, wrapper)
+
+
+def targets():
+    """(owner, attribute, wrap) for each method install() wraps; `wrap(original)` returns the wrapper."""
+    import huggingface_hub
+    import huggingface_hub.hf_api
+    import transformers
+    from matplotlib.figure import Figure
+    from peft import PeftModel
+    from transformers.utils import PushToHubMixin
+
+    # TokenizersBackend (Transformers 5: every fast tokenizer) has a save_pretrained of its own before the base's;
+    # Transformers copies PushToHubMixin.push_to_hub into each of its classes (copy_func, for the docstrings).
+    tokenizer_backend = getattr(transformers, "TokenizersBackend", None)
+    models = (transformers.PreTrainedModel, transformers.PreTrainedTokenizerBase, transformers.ProcessorMixin)
+    saving = [(cls, "save_pretrained", _redirecting("save_directory"))
+              for cls in (*models, PeftModel, *filter(None, [tokenizer_backend]))]
+    saving += [(transformers.Trainer, "save_model", _trainer_save_model), (Figure, "savefig", _redirecting("fname"))]
+    pushing = [(cls, "push_to_hub", _skipping()) for cls in (*models, PushToHubMixin)]  # the mixin's: PEFT models'
+    pushing += [(transformers.Trainer, "push_to_hub", _skipping(_trainer_repo))]
+    pushing += [(owner, name, _skipping()) for owner in (huggingface_hub.hf_api.HfApi, huggingface_hub.hf_api,
+                                                         huggingface_hub) for name in UPLOADS]
+    unsloth_save = sys.modules.get("unsloth.save")  # the real Unsloth only: the hf backend has no such module
+    if unsloth_save is not None:
+        saving += [(unsloth_save, name, _redirecting("save_directory")) for name in UNSLOTH_SAVES]
+        pushing += [(unsloth_save, name, _skipping()) for name in UNSLOTH_PUSHES]
+    return saving + pushing
+
+
+def redirected(path):
+    """Where a save to `path` goes (see above): `path` itself outside a smoke run; the same type back (str or Path).
+    The first time a path is redirected, one line says where to."""
+    smoke = smoke_dir()
+    if smoke is None or _trainer_saving.get():
+        return path
+    from nbddp.runtime import tiny_model
+
+    absolute = Path(os.path.abspath(os.path.expanduser(path)))
+    if absolute.is_relative_to(smoke) or absolute.is_relative_to(tiny_model._cache_root()):
+        return path
+    project = Path.cwd()
+    if absolute.is_relative_to(project):
+        target = smoke / absolute.relative_to(project)
+    else:
+        target = smoke / OUTSIDE_PROJECT / absolute.relative_to(absolute.anchor)
+    if absolute.parent.is_dir():  # %%writefile and savefig need their folder, which the training run would find
+        target.parent.mkdir(parents=True, exist_ok=True)
+    if not os.path.isabs(os.path.expanduser(path)) and target.is_relative_to(project):
+        target = target.relative_to(project)  # relative as the notebook's path was
+    _say_once(absolute, f"nbddp: smoke run: save to {path} went to {_shown(target)} (the training run writes where "
+                        "the notebook says)")
+    return target if isinstance(path, Path) else str(target)
+
+
+def training_kwargs(config_name, kwargs):
+    """The training arguments' keywords, with `push_to_hub=True` turned off in a smoke run (the Trainer would create
+    the repository when built and push its checkpoints), saying so."""
+    if smoke_dir() is None or not kwargs.get("push_to_hub"):
+        return kwargs
+    _skip(f"{config_name}(push_to_hub=True)", kwargs.get("hub_model_id"))
+    return {**kwargs, "push_to_hub": False}
+
+
+def _redirecting(parameter):
+    """A wrap for a method whose first argument (or keyword `parameter`) is the path it saves to."""
+
+    def wrap(original):
+        @functools.wraps(original)
+        def save(self, *args, **kwargs):
+            if args and isinstance(args[0], (str, os.PathLike)):
+                args = (redirected(args[0]), *args[1:])
+            elif isinstance(kwargs.get(parameter), (str, os.PathLike)):
+                kwargs[parameter] = redirected(kwargs[parameter])
+            if kwargs.get("push_to_hub") and smoke_dir() is not None:
+                _skip(f"{original.__name__}(push_to_hub=True)", kwargs.get("repo_id"))
+                kwargs["push_to_hub"] = False
+            return original(self, *args, **kwargs)
+
+        return save
+
+    return wrap
+
+
+def _trainer_save_model(original):
+    @functools.wraps(original)
+    def save_model(self, output_dir=None, _internal_call=False):
+        if _internal_call:  # a checkpoint (_save_checkpoint): the trainer's own, whole in its output_dir
+            token = _trainer_saving.set(True)
+            try:
+                return original(self, output_dir, _internal_call)
+            finally:
+                _trainer_saving.reset(token)
+        return original(self, redirected(output_dir or self.args.output_dir), _internal_call)
+
+    return save_model
+
+
+def _skipping(repo_of=None):
+    """A wrap that skips the call in a smoke run, naming the repository (`repo_of(args, kwargs)`, else the first
+    text argument)."""
+
+    def wrap(original):
+        @functools.wraps(original)  # keeps the signature: Unsloth builds its push_to_hub from inspect.signature
+        def push(*args, **kwargs):
+            if smoke_dir() is None:
+                return original(*args, **kwargs)
+            repo = (repo_of or _repo_argument)(args, kwargs)
+            _skip(original.__name__, repo)
+            return None
+
+        return push
+
+    return wrap
+
+
+def _repo_argument(args, kwargs):
+    return kwargs.get("repo_id") or next((value for value in args if isinstance(value, str)), None)
+
+
+def _trainer_repo(args, kwargs):
+    return args[0].args.hub_model_id
+
+
+def _skip(what, repo):
+    to = f" to {repo}" if repo else ""
+    _say_once(("push", repo or what), f"nbddp: smoke run: {what}{to} skipped (the training run pushes)")
+
+
+def _say_once(key, line):
+    if key not in _announced:
+        _announced.add(key)
+        print(line, flush=True)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(Path.cwd())) if path.is_absolute() and path.is_relative_to(Path.cwd()) else str(path)
