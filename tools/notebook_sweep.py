@@ -387,8 +387,9 @@ def _describe(args, python: str) -> dict:
 
 
 def notebooks_commit(args) -> str:
-    found = _git(args.notebooks, "rev-parse", "--short", "HEAD")
-    return found or args.notebooks_commit or "unknown commit"
+    if args.notebooks_commit:  # also for a folder inside another checkout, whose HEAD is not the notebooks'
+        return args.notebooks_commit
+    return _git(args.notebooks, "rev-parse", "--short", "HEAD") or "unknown commit"
 
 
 def nbddp_commit(args) -> str:

@@ -29,7 +29,6 @@ Wrapped (no upstream bug behind these: the smoke run must leave the user's files
 Not covered: `!` commands, `open()`, `torch.save`, datasets' `save_to_disk`; nor a later read of a redirected path
 (`from_pretrained("lora_model")` in the same notebook reads the project's).
 """
-import contextvars
 import functools
 import os
 import sys
@@ -44,7 +43,11 @@ UNSLOTH_SAVES = ("unsloth_generic_save_pretrained_merged", "unsloth_save_pretrai
 UNSLOTH_PUSHES = ("unsloth_generic_push_to_hub_merged", "unsloth_push_to_hub_gguf",
                   "unsloth_convert_lora_to_ggml_and_push_to_hub", "upload_to_huggingface")
 
-_trainer_saving = contextvars.ContextVar("nbddp_trainer_saving", default=False)
+# Inside a Trainer's checkpoint save, whose paths stay. A plain dict, not a ContextVar: datasets fingerprints a map
+# function with dill, which pickles by value the classes Unsloth patches at run time, these wrappers and the module
+# globals they read with them, and a ContextVar cannot be pickled (seen on a GPU: "cannot pickle
+# '_contextvars.ContextVar' object" building SFTTrainer in the smoke run).
+_state = {"trainer_saving": False}
 _announced = set()  # the destinations already named: one line each
 
 
@@ -97,7 +100,7 @@ def redirected(path):
     """Where a save to `path` goes (see above): `path` itself outside a smoke run; the same type back (str or Path).
     The first time a path is redirected, one line says where to."""
     smoke = smoke_dir()
-    if smoke is None or _trainer_saving.get():
+    if smoke is None or _state["trainer_saving"]:
         return path
     from nbddp.runtime import tiny_model
 
@@ -151,11 +154,11 @@ def _trainer_save_model(original):
     @functools.wraps(original)
     def save_model(self, output_dir=None, _internal_call=False):
         if _internal_call:  # a checkpoint (_save_checkpoint): the trainer's own, whole in its output_dir
-            token = _trainer_saving.set(True)
+            _state["trainer_saving"] = True
             try:
                 return original(self, output_dir, _internal_call)
             finally:
-                _trainer_saving.reset(token)
+                _state["trainer_saving"] = False
         return original(self, redirected(output_dir or self.args.output_dir), _internal_call)
 
     return save_model

@@ -232,3 +232,16 @@ def test_setup_installs_it_in_a_smoke_run(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["cache", "runs"]
     assert (tmp_path / "runs" / "x-smoke" / "lora_model" / "model.safetensors").is_file()
     assert "nbddp: smoke run: push_to_hub to me/lora skipped (the training run pushes)" in result.stdout
+
+
+def test_the_wrappers_and_what_they_read_can_be_pickled_by_value():
+    # datasets fingerprints map functions with dill, which pickles by value the classes Unsloth patches at run
+    # time, these wrappers among their methods, and the module globals the wrappers read.
+    import dill
+
+    from nbddp.runtime import smoke_sandbox
+
+    wrapped = smoke_sandbox._redirecting("save_directory")(lambda self, path: path)
+    assert dill.loads(dill.dumps(wrapped, recurse=True)) is not None
+    for name in ("_state", "_announced"):
+        dill.dumps(getattr(smoke_sandbox, name))
