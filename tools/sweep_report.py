@@ -37,13 +37,14 @@ NO_NETWORK = "failed: no network"
 LIMITS = (
     (r"No module named '(?!nbddp|unsloth)", "a package outside the tested stacks"),  # the notebook's own pip install
     (r"install 'torchcodec'|torchaudio|soundfile|librosa", "an audio decoder"),
-    (r"vLLM is not available", "a package outside the tested stacks"),
+    (r"vLLM is not available|vllm exited with", "a package outside the tested stacks"),
     (r"syntax error: f-string: ", "Python 3.12's grammar (this machine's Python is older)"),
     (re.escape(NO_NETWORK) + "|" r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
      r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
-     r"URLError|Name or service not known|Unable to find .https?://",
+     r"URLError|Name or service not known|Unable to find .https?://|Command '\['git', 'clone'",
      "the network (a hub or web download)"),
-    (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi",
+    (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi|"
+     r"CUDA-enabled PyTorch required|No GPU visible",
      "a GPU"),
     (r"save_pretrained_gguf|push_to_hub_gguf|llama\.cpp|save_pretrained_torchao", "Unsloth's GPU-only export"),
     (r"trust_remote_code|add_image_preprocess", "the model's own code"),
