@@ -35,7 +35,7 @@ HINTS = (
      "under DDP every trainable parameter must get a gradient in every step, and some of this model's get none: "
      "typically LoRA on the vision layers of a vision model trained on text only. Leave them out "
      "(FastVisionModel.get_peft_model(..., finetune_vision_layers=False)), or let DDP look for them in every step "
-     "(--set ddp_find_unused_parameters=true; slower, and not with Unsloth's gradient checkpointing)"),
+     "(--set ddp_find_unused_parameters=true; slower, and re-entrant gradient checkpointing may refuse it)"),
 )
 
 
