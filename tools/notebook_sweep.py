@@ -28,7 +28,7 @@ from nbddp.errors import UsageError
 from tools import standin_datasets, standins
 from tools.categories import CATEGORIES, classify
 from tools.notebook_facts import read_facts
-from tools.sweep_report import Outcome, after_failed_download, first_error, merge, read, table, write
+from tools.sweep_report import Outcome, after_failed_download, first_error, merge, read, slug, table, write
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS = Path("/tmp/unb/nb")  # unslothai/notebooks' nb/ at bdda2efc on the machine this was written on
@@ -129,20 +129,23 @@ def sweep(args) -> int:
     to_run = chosen_to_run(args, categories)
     results = args.results or REPO / "tools" / "sweep_results" / ("gpu" if args.gpu else "cpu")
     previous = read(results) if args.update else None
-    for path in (notebooks if args.update else [results / "logs"]):
-        shutil.rmtree(results / "logs" / slug(path.stem) if args.update else path, ignore_errors=True)
+    stale_logs = [results / "logs" / slug(path.stem) for path in notebooks] if args.update else [results / "logs"]
+    for folder in stale_logs:
+        shutil.rmtree(folder, ignore_errors=True)
     args.work.mkdir(parents=True, exist_ok=True)
     args.nbddp = snapshot(args.nbddp_commit, args.work) if args.nbddp_commit else REPO
     if to_run:
         print(f"building the stand-ins of the {len(to_run)} notebooks to run in {args.work}", flush=True)
     runner = Runner(args, results / "logs", [facts[path] for path in to_run]) if to_run else None
     environment = describe_environment(args)
+    commit = environment["nbddp"].split()[0]  # this run's, also when --update keeps the sweep's environment
     if previous:  # the sweep's environment as it was; the rerun's commit is on each notebook it ran
         environment = {**previous[0], "updated": f"{environment['date']}: {len(notebooks)} notebooks rerun with nbddp "
                                                  f"{environment['nbddp']}"}
     outcomes = []
     for number, path in enumerate(notebooks, 1):
         outcome = process(path, categories[path], facts[path], args, runner if path in to_run else None)
+        outcome.nbddp = commit
         outcomes.append(outcome)
         print(f"[{number}/{len(notebooks)}] {progress_line(outcome)}", flush=True)
         written = merge(previous[1], outcomes) if previous else outcomes
@@ -213,11 +216,6 @@ def sample(categories: dict[Path, str], per_category: int) -> list[Path]:
     return chosen
 
 
-def slug(notebook: str) -> str:
-    """A folder name for the notebook (its file name without .ipynb) without spaces, which shell commands trip on."""
-    return re.sub(r"[^\w.()+-]+", "_", notebook)
-
-
 def python_for(facts, args) -> str:
     """--notebooks-python for a notebook that pins Transformers 4.x or TRL 0.x, when given; else --python."""
     return args.notebooks_python if args.notebooks_python and facts.pins_old_stack() else args.python
@@ -225,8 +223,7 @@ def python_for(facts, args) -> str:
 
 def process(path: Path, category: str, facts, args, runner) -> Outcome:
     python = python_for(facts, args)
-    outcome = Outcome(path.stem, category, stack="notebooks" if python != args.python else "main",
-                      nbddp=nbddp_commit(args).split()[0])
+    outcome = Outcome(path.stem, category, stack="notebooks" if python != args.python else "main")
     folder = args.work / slug(path.stem)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)

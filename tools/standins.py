@@ -14,10 +14,11 @@ tiny model that fits the notebook (`model_source`), and each dataset id to its g
 A text notebook gets the chat template of its model's family from Unsloth's table (`family_template`, a Gemma 4
 id -> "gemma-4"), as the real tokenizer would bring its own: the markers a notebook hands `train_on_responses_only`
 and the message shapes it renders (a Gemma 4 notebook's list of content parts) are the family's; `text_variant`
-makes that copy of the tiny chat model. A vision notebook that sets one of Unsloth's templates on the processor (`get_chat_template(processor, "gemma-3")`)
-writes that template's image placeholder (`<start_of_image>`) where the tiny Llava's processor looks for `<image>`;
+makes that copy of the tiny chat model. A vision notebook that sets one of Unsloth's templates on the processor
+(`get_chat_template(processor, "gemma-3")`) writes that template's image placeholder (`<start_of_image>`) where the tiny Llava's processor looks for `<image>`;
 `vision_variant` makes a copy of the tiny Llava whose image token is the template's (`image_token`).
 """
+import functools
 import json
 import os
 import re
@@ -68,9 +69,14 @@ def assemble(run_dir: Path, model_names: list[str], model_folder: Path | None, d
         os.symlink(Path(target).resolve(), link, target_is_directory=True)
 
 
+@functools.cache
+def _table() -> dict:
+    return json.loads(TABLE.read_text(encoding="utf-8"))
+
+
 def _template(name: str) -> str:
     """The text of the table's template `name` ("" when the table has none)."""
-    table = json.loads(TABLE.read_text(encoding="utf-8"))
+    table = _table()
     entry = table["chat_templates"].get(name)
     return table["templates"].get(entry["template"], "") if isinstance(entry, dict) else ""
 

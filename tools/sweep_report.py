@@ -39,8 +39,8 @@ LIMITS = (
     (r"install 'torchcodec'|torchaudio|soundfile|librosa", "an audio decoder"),
     (r"vLLM is not available|vllm exited with", "a package outside the tested stacks"),
     (r"syntax error: f-string: ", "Python 3.12's grammar (this machine's Python is older)"),
-    (re.escape(NO_NETWORK) + "|" r"LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|NameResolutionError|"
-     r"Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
+    (re.escape(NO_NETWORK) + r"|LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|"
+     r"NameResolutionError|Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
      r"URLError|Name or service not known|Unable to find .https?://|Command '\['git', 'clone'",
      "the network (a hub or web download)"),
     (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi|"
@@ -66,6 +66,12 @@ class Outcome:
     seconds: float = 0.0  # of the run
     stack: str = "main"  # main: --python's; notebooks: --notebooks-python's (the notebook pins the old stack)
     nbddp: str = ""  # the commit it ran with
+
+
+def slug(notebook: str) -> str:
+    """A folder name for the notebook (its file name without .ipynb) without spaces, which shell commands trip on:
+    its work folder, and its logs' folder in the results."""
+    return re.sub(r"[^\w.()+-]+", "_", notebook)
 
 
 def limit(error: str | None) -> str | None:
@@ -135,7 +141,7 @@ def counts(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
         if chosen:
             rows[category] = {"notebooks": len(chosen), **{field: sum(getattr(o, field) for o in chosen)
                                                             for field in ("exported", "compiled", "ran", "passed")},
-                              "limited": sum(o.error is not None and limit(o.error) is not None for o in chosen)}
+                              "limited": sum(limit(o.error) is not None for o in chosen)}
     return rows
 
 
@@ -220,7 +226,7 @@ if __name__ == "__main__":
     folder = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent / "sweep_results" / "cpu"
     environment, outcomes = read(folder)
     for outcome in outcomes:  # a sweep run before after_failed_download: its logs say what failed before
-        log = folder / "logs" / re.sub(r"[^\w.()+-]+", "_", outcome.notebook) / "run.stderr"
+        log = folder / "logs" / slug(outcome.notebook) / "run.stderr"
         if outcome.stage == "run" and NO_NETWORK not in outcome.error and log.is_file():
             outcome.error = after_failed_download(outcome.error, log.read_text(errors="replace"))
     print(table(outcomes))

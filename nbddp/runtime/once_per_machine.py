@@ -10,14 +10,13 @@ Pieces of work are told apart by their text and by how many times this process h
 so that a loop's repeated command runs once per iteration. The files live in a folder of the temporary directory
 that is this job's alone: named after torchrun's run id (TORCHELASTIC_RUN_ID: a random uuid under `--standalone`
 and on one node without a rendezvous endpoint, `--rdzv-id` otherwise) and the agent that all ranks of a machine
-share (`os.getppid()`),
-so another job, or a run launched afterwards, starts afresh; workers that torchrun restarts keep both, so they do
+share (`os.getppid()`), so another job, or a run launched afterwards, starts afresh; workers that torchrun restarts keep both, so they do
 not repeat work done before the restart. The folder is created with mode 0700 and refused unless it is a folder
 of this user that no one else can write in; its files are opened without following symbolic links, so another
 user cannot point them at a file of theirs to be truncated, nor mark work done. Local rank 0 removes it at the end
 of the job (`ddp.shutdown`, after its barrier); a job that crashes leaves it behind, for a later job to take only
-with the same `--rdzv-id` under an agent of the same pid. Work that raises (a file that cannot be written) leaves no mark, and the next rank tries it itself; a
-command that merely exits non-zero has been done (`ddp.shell` reports it and goes on, as a notebook does).
+with the same `--rdzv-id` under an agent of the same pid. Work that raises (a file that cannot be written) leaves
+no mark, and the next rank tries it itself; a command that merely exits non-zero has been done (`ddp.shell` reports it and goes on, as a notebook does).
 
 fcntl.flock rather than the filelock package: the file nbddp locks is the one it opens itself (O_NOFOLLOW, 0600)
 and also holds the done mark, which filelock, owning its lock file's descriptor, would need a second file for;

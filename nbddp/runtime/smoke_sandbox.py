@@ -105,7 +105,7 @@ def redirected(path):
     from nbddp.runtime import tiny_model
 
     absolute = Path(os.path.abspath(os.path.expanduser(path)))
-    if absolute.is_relative_to(smoke) or absolute.is_relative_to(tiny_model._cache_root()):
+    if absolute.is_relative_to(smoke) or absolute.is_relative_to(tiny_model.cache_root()):
         return path
     project = Path.cwd()
     if absolute.is_relative_to(project):

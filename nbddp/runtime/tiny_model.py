@@ -19,13 +19,14 @@ def ensure_weights(model_name: str) -> str:
     source = Path(model_name)
     if not (source / "config.json").is_file() or any(next(source.glob(p), None) for p in WEIGHT_PATTERNS):
         return model_name
-    target = _cache_root() / _content_hash(source)
+    target = cache_root() / _content_hash(source)
     if not target.is_dir():
         _build(source, target)
     return str(target)
 
 
-def _cache_root() -> Path:
+def cache_root() -> Path:
+    """Where built weights go: NBDDP_CACHE, else ~/.cache/nbddp/models."""
     return Path(os.environ.get("NBDDP_CACHE") or Path.home() / ".cache" / "nbddp" / "models")
 
 
