@@ -9,7 +9,9 @@ them (`AutoProcessor`, `AutoModelForImageTextToText`) and rebuilding gives the s
 
 The tokenizer is byte-level with no merges (one token per byte, any text encodes), plus the chat markers and
 `<image>` as special tokens. A 32x32 image is 16 patches of 8x8, so each image is 16 `<image>` tokens: a training
-step on two CPU cores takes well under a second.
+step on two CPU cores takes well under a second. Generation never samples `<image>` (`suppress_tokens`): a random
+model otherwise does now and then, and in a GRPO completion that token makes Llava's next forward refuse the batch
+("Image features and image tokens do not match"); a trained model never writes it.
 """
 import argparse
 from pathlib import Path
@@ -152,12 +154,17 @@ def model_config(vocab):
     }
 
 
+def generation_config(vocab):
+    return {"eos_token_id": vocab[END], "pad_token_id": vocab[PAD], "suppress_tokens": [vocab[IMAGE]]}
+
+
 def build(out_dir):
     vocab = build_vocab()
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {
         "chat_template.jinja": CHAT_TEMPLATE,
         "config.json": dump_json(model_config(vocab)),
+        "generation_config.json": dump_json(generation_config(vocab)),
         "preprocessor_config.json": dump_json(image_processor_config()),
         "processor_config.json": dump_json(processor_config()),
         "special_tokens_map.json": dump_json({"eos_token": END, "pad_token": PAD}),

@@ -12,7 +12,8 @@ TOKENIZER_FILES = ["config.json", "special_tokens_map.json", "tokenizer.json", "
 MODELS = [
     ("tiny-llama", "build_tiny_llama.py", TOKENIZER_FILES),
     ("tiny-chat", "build_tiny_chat.py", TOKENIZER_FILES),
-    ("tiny-vision", "build_tiny_vision.py", ["chat_template.jinja", "config.json", "preprocessor_config.json",
+    ("tiny-vision", "build_tiny_vision.py", ["chat_template.jinja", "config.json", "generation_config.json",
+                                             "preprocessor_config.json",
                                              "processor_config.json", "special_tokens_map.json", "tokenizer.json",
                                              "tokenizer_config.json"]),
 ]

@@ -261,7 +261,8 @@ LAYOUTS: dict[str, Layout] = {
     "openai/gsm8k": Layout(_gsm8k, config="main", splits=("train", "test")),
     "agentica-org/DeepScaleR-Preview-Dataset": Layout(_deepscaler),
     "unsloth/LaTeX_OCR": Layout(_latex_ocr, splits=("train", "test")),
-    "AI4Math/MathVista": Layout(_math_vista, splits=("testmini",)),
+    # the vision GRPO notebooks keep its numeric answers, then read row 165
+    "AI4Math/MathVista": Layout(_math_vista, rows=300, splits=("testmini",)),
     "unsloth/Radiology_mini": Layout(_radiology, splits=("train", "test")),
     "unsloth/llava-instruct-mix-vsft-mini": Layout(_llava),
     "hezarai/parsynth-ocr-200k": Layout(_parsynth, rows=2000, splits=("train", "test")),

@@ -64,16 +64,18 @@ def activate(backend: str) -> None:
 
 def _patch_trainer() -> None:
     """Trainers honour and check the gradient checkpointing the notebook chose (see `checkpointing`), lay out the
-    batch at train() under `--batch_layout auto` (see `fuller_batch`), and their held-out loss on N processes is
-    one process's (see `eval_loss`)."""
+    batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
+    one process's (see `eval_loss`), and a multimodal model's unused tower adapters do not stop DDP (see
+    `unused_parameters`)."""
     from transformers import Trainer
 
-    from nbddp.runtime import fuller_batch
+    from nbddp.runtime import fuller_batch, unused_parameters
     from nbddp.runtime.eval_loss import patch_evaluation_loop
 
     checkpointing.patch_trainer(Trainer)
     fuller_batch.patch_trainer(Trainer)
     patch_evaluation_loop(Trainer)
+    unused_parameters.patch_trainer(Trainer)
 
 
 def _unsloth_installed() -> bool:

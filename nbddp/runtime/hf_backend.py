@@ -17,9 +17,11 @@ transformers, peft and trl are imported inside the functions (`unsloth.trainer`,
 this module is imported before Unsloth, which must be imported before them. A public name Unsloth has and this
 module lacks raises UsageError naming it, so `from unsloth import X` says what to do instead of "cannot import".
 """
+import copyreg
 import dataclasses
 import functools
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -319,12 +321,45 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     tokenizer.model_max_length = max_seq_length
     model.max_seq_length = max_seq_length
     model.nbddp_tokenizer = tokenizer
+    if hasattr(processor, "image_processor"):
+        processor.__class__ = _takes_chats(type(processor))
     model.generate = _takes_encoding_as_input_ids(model.generate)
     model.gradient_checkpointing_enable = _non_reentrant_by_default(model.gradient_checkpointing_enable)
     if kwargs.get("fast_inference"):
         for name in VLLM_METHODS:
             setattr(model, name, functools.partial(_vllm_only, name))
     return model, processor
+
+
+@functools.cache  # one subclass per processor class
+def _takes_chats(processor_class):
+    """A subclass of a processor class whose call first applies the chat template to `text` given as a chat (a list
+    of {"role", "content"} messages), as Unsloth's processors do (unsloth_zoo tokenizer_utils.py,
+    patch_processor_call): its vision GRPO notebooks call `tokenizer(image, prompt)` with a row's chat prompt, which
+    plain Transformers refuses ("'dict' object has no attribute 'replace'"). Same name; pickled as the original."""
+    original_call = processor_class.__call__
+    names = list(inspect.signature(original_call).parameters)[1:]
+    text_index = names.index("text") if "text" in names else None  # (images, text, ...) or (text, images, ...)
+
+    def __call__(self, *args, **kwargs):
+        args = list(args)
+        positional = text_index is not None and text_index < len(args)
+        text = args[text_index] if positional else kwargs.get("text")
+        if isinstance(text, list) and text and isinstance(text[0], dict) and "role" in text[0]:
+            text = self.apply_chat_template(text, tokenize=False,
+                                            add_generation_prompt=kwargs.pop("add_generation_prompt", True))
+            if positional:
+                args[text_index] = text
+            else:
+                kwargs["text"] = text
+        return original_call(self, *args, **kwargs)
+
+    def __reduce_ex__(self, protocol):
+        return copyreg._reconstructor, (processor_class, object, None), dict(self.__dict__)
+
+    return type(processor_class.__name__, (processor_class,), {
+        "__call__": __call__, "__reduce_ex__": __reduce_ex__, "__module__": processor_class.__module__,
+        "__qualname__": processor_class.__qualname__})
 
 
 def _takes_encoding_as_input_ids(generate):

@@ -32,10 +32,10 @@ from nbddp.runtime import sourcemap
 # (text of the exception, what to do): causes that DDP adds to a notebook that trains on one GPU.
 HINTS = (
     ("Expected to have finished reduction in the prior iteration",
-     "under DDP every trainable parameter must get a gradient in every step, and some of this model's get none: "
-     "typically LoRA on the vision layers of a vision model trained on text only. Leave them out "
-     "(FastVisionModel.get_peft_model(..., finetune_vision_layers=False)), or let DDP look for them in every step "
-     "(--set ddp_find_unused_parameters=true; slower, and re-entrant gradient checkpointing may refuse it)"),
+     "under DDP every trainable parameter must get a gradient in every step, and some of this model's get none "
+     "(nbddp already runs DDP with static_graph=True for a vision or audio tower's adapters). Leave them out of "
+     "get_peft_model's target_modules, or let DDP look for them in every step (--set "
+     "ddp_find_unused_parameters=true; slower, and re-entrant gradient checkpointing may refuse it)"),
 )
 
 

@@ -63,6 +63,21 @@ def test_loads_the_model_with_its_processor(tiny_vision_path):
     assert processor.tokenizer.padding_side == "right" and model.training
 
 
+def test_the_processor_takes_a_chat_as_text_as_unsloths_does(tiny_vision_path):
+    """Unsloth's vision GRPO notebooks call `tokenizer(image, prompt)` with a row's chat prompt."""
+    import pickle
+
+    _, processor = load(tiny_vision_path)
+    image = Image.new("RGB", (32, 32), COLOURS["red"])
+    chat = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": INSTRUCTION}]}]
+    text = processor.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    expected = processor(text=text, images=image, return_tensors="pt")["input_ids"]
+    assert torch.equal(processor(image, chat, return_tensors="pt")["input_ids"], expected)  # (images, text, ...)
+    assert torch.equal(processor(images=image, text=chat, return_tensors="pt")["input_ids"], expected)
+    assert type(processor).__name__ == "LlavaProcessor"
+    assert type(pickle.loads(pickle.dumps(processor))) is type(processor).__mro__[1]  # the plain class
+
+
 def layers(tower, components):
     prefix = "model.vision_tower.encoder.layers" if tower == "vision" else "model.language_model.layers"
     return {f"{prefix}.{i}.{name}" for i in range(2) for name in components}

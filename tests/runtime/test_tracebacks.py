@@ -200,7 +200,7 @@ def test_a_known_ddp_cause_gets_a_line_saying_what_to_do(tmp_path):
     except RuntimeError as error:
         report = tracebacks.format_report(type(error), error, error.__traceback__, str(tmp_path / "train.py"))
     assert report.splitlines()[-1].startswith("nbddp: hint: under DDP every trainable parameter must get a gradient")
-    assert "finetune_vision_layers=False" in report and "--set ddp_find_unused_parameters=true" in report
+    assert "static_graph=True" in report and "--set ddp_find_unused_parameters=true" in report
     try:
         raise RuntimeError("something else")
     except RuntimeError as error:

@@ -1,0 +1,75 @@
+"""DDP with `static_graph=True` for a multimodal model whose tower adapters may get no gradient.
+
+Unsloth's notebooks often put LoRA on every `q_proj`, ... of a vision-language model (an explicit
+`target_modules` list, or `finetune_vision_layers` left True), then train it on text: Gemma 4's and Ministral 3's
+GRPO notebooks do. The vision (or audio) tower's adapters then never get a gradient. One process does not mind
+(the optimizer skips them); DDP with `find_unused_parameters=False`, which nbddp sets because re-entrant
+checkpointing (Unsloth's) refuses the search, fails at step 2 ("Expected to have finished reduction in the prior
+iteration"). `static_graph=True` is DDP's answer: it finds the unused parameters in the first step, leaves them out
+of every later all-reduce, and supports re-entrant checkpointing with unused parameters (torch's
+DistributedDataParallel docs). It assumes that the same parameters go unused in every step, which holds for a
+tower that all rows use or none does.
+
+`patch_trainer(Trainer)` turns it on for a trainer whose model has trainable parameters outside its language
+model, unless the author set `ddp_static_graph` (Transformers 5's argument).
+"""
+import functools
+
+MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
+
+
+def patch_trainer(trainer_class) -> None:
+    """Make `trainer_class.__init__` choose static-graph DDP for the models described above; twice is once."""
+    original = trainer_class.__init__
+    if getattr(original, "nbddp_static_graph", False):
+        return
+
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if getattr(self.args, "ddp_static_graph", None) is None:
+            outside = trainable_outside_language_model(self.model)
+            if outside:
+                use_static_graph(self.accelerator, outside)
+
+    __init__.nbddp_static_graph = True
+    trainer_class.__init__ = __init__
+
+
+def trainable_outside_language_model(model) -> list[str]:
+    """Names of the trainable parameters of a multimodal `model` (its config has a vision or audio config) that
+    belong neither to its language model (`get_decoder()`) nor to its input or output embeddings; [] otherwise."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not any(hasattr(base.config, key) for key in MULTIMODAL_CONFIG_KEYS):
+        return []
+    try:
+        language = [base.get_decoder(), base.get_input_embeddings(), base.get_output_embeddings()]
+    except (AttributeError, NotImplementedError):
+        return []
+    inside = {id(p) for module in language if module is not None for p in module.parameters()}
+    return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
+
+
+def use_static_graph(accelerator, outside: list[str]) -> None:
+    """Have `accelerator` wrap the model in DDP, if it does, with `static_graph=True`, and say so on rank 0.
+    Set as `prepare_model` runs: Transformers 4.x replaces the accelerator's DDP settings (`ddp_handler`) just
+    before it prepares the model. (accelerate wraps one process that torchrun started in DDP too.)"""
+    from accelerate.utils import DistributedDataParallelKwargs
+    from torch.nn.parallel import DistributedDataParallel
+
+    prepare_model = accelerator.prepare_model
+
+    @functools.wraps(prepare_model)
+    def prepare_static(*args, **kwargs):
+        if accelerator.ddp_handler is None:
+            accelerator.ddp_handler = DistributedDataParallelKwargs(static_graph=True)
+        else:
+            accelerator.ddp_handler.static_graph = True
+        model = prepare_model(*args, **kwargs)
+        if isinstance(model, DistributedDataParallel) and accelerator.is_main_process:
+            print(f"nbddp: {len(outside)} trainable tensors lie outside the language model ({outside[0]}, ...): DDP "
+                  "runs with static_graph=True, so those that get no gradient (a vision tower trained on text) are "
+                  "left out of the all-reduce after step 1", flush=True)
+        return model
+
+    accelerator.prepare_model = prepare_static
