@@ -11,7 +11,12 @@ DistributedDataParallel docs). It assumes that the same parameters go unused in 
 tower that all rows use or none does.
 
 `patch_trainer(Trainer)` turns it on for a trainer whose model has trainable parameters outside its language
-model, unless the author set `ddp_static_graph` (Transformers 5's argument).
+model, unless the author set `ddp_static_graph` (Transformers 5's argument), and only while the trainer
+accumulates no gradients (`gradient_accumulation_steps` 1 when it prepares the model, after the batch layout):
+static graphs and `no_sync()` fail in torch (the first backward hits "expect_autograd_hooks_ INTERNAL ASSERT
+FAILED", pytorch#143580; the fix, pytorch PR 187732, is open). With accumulation the model is wrapped as before,
+which is right for a tower that every step uses (a vision notebook's images); one that goes unused still stops at
+step 2, where the traceback hint says what to do.
 """
 import functools
 
@@ -30,7 +35,7 @@ def patch_trainer(trainer_class) -> None:
         if getattr(self.args, "ddp_static_graph", None) is None:
             outside = trainable_outside_language_model(self.model)
             if outside:
-                use_static_graph(self.accelerator, outside)
+                use_static_graph(self, outside)
 
     __init__.nbddp_static_graph = True
     trainer_class.__init__ = __init__
@@ -50,17 +55,21 @@ def trainable_outside_language_model(model) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
 
 
-def use_static_graph(accelerator, outside: list[str]) -> None:
-    """Have `accelerator` wrap the model in DDP, if it does, with `static_graph=True`, and say so on rank 0.
-    Set as `prepare_model` runs: Transformers 4.x replaces the accelerator's DDP settings (`ddp_handler`) just
-    before it prepares the model. (accelerate wraps one process that torchrun started in DDP too.)"""
+def use_static_graph(trainer, outside: list[str]) -> None:
+    """Have `trainer`'s accelerator wrap the model in DDP, if it does, with `static_graph=True` when the trainer
+    accumulates no gradients, and say so on rank 0. Set as `prepare_model` runs: Transformers 4.x replaces the
+    accelerator's DDP settings (`ddp_handler`) just before it prepares the model, and `--batch_layout auto` sets
+    the accumulation at train(). (accelerate wraps one process that torchrun started in DDP too.)"""
     from accelerate.utils import DistributedDataParallelKwargs
     from torch.nn.parallel import DistributedDataParallel
 
+    accelerator = trainer.accelerator
     prepare_model = accelerator.prepare_model
 
     @functools.wraps(prepare_model)
     def prepare_static(*args, **kwargs):
+        if trainer.args.gradient_accumulation_steps != 1:
+            return prepare_model(*args, **kwargs)
         if accelerator.ddp_handler is None:
             accelerator.ddp_handler = DistributedDataParallelKwargs(static_graph=True)
         else:

@@ -104,3 +104,20 @@ def test_two_processes_train_a_vision_model_on_text_as_one_does(tmp_path, tiny_v
     assert two.stdout.count("DDP runs with static_graph=True") == 1
     assert len(one_losses) == len(two_losses) == 3
     assert two_losses == pytest.approx(one_losses, abs=1e-5)
+
+
+@pytest.mark.parametrize("accumulation, static", [(1, True), (2, False)])
+def test_static_graph_only_without_gradient_accumulation(accumulation, static):
+    """torch fails a static graph under no_sync() (pytorch#143580), which gradient accumulation uses."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    from nbddp.runtime.unused_parameters import use_static_graph
+
+    accelerator = SimpleNamespace(ddp_handler=DistributedDataParallelKwargs(), is_main_process=True,
+                                  prepare_model=lambda model: model)
+    trainer = SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(gradient_accumulation_steps=accumulation))
+    use_static_graph(trainer, ["model.vision_tower.q_proj.lora_A.default.weight"])
+    assert accelerator.prepare_model("model") == "model"
+    assert accelerator.ddp_handler.static_graph is static
