@@ -29,21 +29,16 @@
 
 # %% tags=["notebook-only"]
 # Jupyter only; the exported script does this in its own first cell. Paths below are relative to
-# the repository root, where torchrun runs the script, and Jupyter starts kernels in notebooks/.
+# this folder (notebooks/), where Jupyter starts kernels and where the exported script runs its cells.
 # nbddp's runtime then provides `unsloth`: the real one on a GPU where it is installed, otherwise
 # a Transformers+PEFT stand-in with the same API, so this also runs on a laptop CPU.
-import os
-
-if os.path.basename(os.getcwd()) == "notebooks":
-    os.chdir("..")
-
 from nbddp import runtime
 
 ddp = runtime.setup(backend="auto", script=None)
 
 # %% tags=["parameters"]
-data_path = "data/tiny_instructions.jsonl"  # Alpaca-style rows: instruction, input, output
-model_name = "models/tiny-llama"  # whose tokenizer (and EOS token) the texts are written for
+data_path = "../data/tiny_instructions.jsonl"  # Alpaca-style rows: instruction, input, output
+model_name = "../models/tiny-llama"  # whose tokenizer (and EOS token) the texts are written for
 eval_rows = 200  # rows held out for the evaluation loss
 
 # %% [markdown]

@@ -33,7 +33,7 @@ gradient_accumulation_steps = 2  # global batch = this * per-device batch * numb
 warmup_steps = 10
 eval_steps = 100  # held-out loss every this many steps (and before the first)
 optim = "adamw_torch"  # "adamw_8bit" saves memory on a GPU (bitsandbytes)
-output_dir = "outputs"
+output_dir = "../outputs"
 seed = 3407
 save_steps = 0  # a checkpoint every this many steps in <output_dir>/checkpoint-N/ (0: none), to resume from
 save_total_limit = 2  # checkpoints kept: the newest ones

@@ -91,17 +91,18 @@ def test_a_data_row_missing_a_field(tmp_path, scratch):
 
 @needs_generated_script
 def test_a_data_path_that_does_not_exist(scratch):
-    result = run_script("--data_path", "data/tiny_instruction.jsonl", "--output_dir", str(scratch["out"]), env=scratch["env"])
-    assert_one_paragraph(result, "nbddp: error: data file 'data/tiny_instruction.jsonl': no such file "
-                                 "(did you mean 'data/tiny_instructions.jsonl'?)",
+    result = run_script("--data_path", "../data/tiny_instruction.jsonl", "--output_dir", str(scratch["out"]), env=scratch["env"])
+    assert_one_paragraph(result, "nbddp: error: data file '../data/tiny_instruction.jsonl': no such file "
+                                 "(did you mean '../data/tiny_instructions.jsonl'?)",
                          "comes from notebooks/01_data_prep.ipynb, cell ")
     assert not scratch["out"].exists()
 
 
 @needs_generated_script
 def test_a_model_path_that_does_not_exist(scratch):
-    result = run_script("--model_name", "models/tyny-llama", "--output_dir", str(scratch["out"]), env=scratch["env"])
-    assert_one_paragraph(result, "nbddp: error: model 'models/tyny-llama': no such directory (did you mean 'models/tiny-llama'?)",
+    result = run_script("--model_name", "../models/tyny-llama", "--output_dir", str(scratch["out"]), env=scratch["env"])
+    assert_one_paragraph(result, "nbddp: error: model '../models/tyny-llama': no such directory (did you mean "
+                                 "'../models/tiny-llama'?)",
                          "comes from notebooks/01_data_prep.ipynb, cell ")
     assert not scratch["out"].exists()
 

@@ -189,12 +189,12 @@ def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook
     for rewrite in EXPECTED_UNSLOTH_STYLE_REWRITES:
         assert rewrite in report
 
-    # The notebook saves to the relative folders `lora_model` and `outputs`: run it in a scratch folder, with its
-    # model and data paths made absolute.
+    # The notebook saves to the relative folders `lora_model` and `outputs`: its cells run in a scratch folder
+    # (--workdir), not in the fixture's, with its model and data paths made absolute.
     work = tmp_path / "work"
     work.mkdir()
     result = run_script(tmp_path / "train.py", "--max_steps", "2", "--model_name", str(REPO / "models" / "tiny-llama"),
-                        "--data_path", str(REPO / "data" / "tiny_instructions.jsonl"),
+                        "--data_path", str(REPO / "data" / "tiny_instructions.jsonl"), "--workdir", str(work),
                         nproc=2, cwd=work, env=save_hook["env"])
 
     assert (result.stdout + result.stderr).count("nbddp: backend=") == 1

@@ -79,12 +79,12 @@ def test_parameters_cover_what_orchestration_and_benchmarks_set():
         names = parameter_defaults(path)
         assert not names.keys() & defaults.keys(), f"{path.name} redefines a parameter of an earlier stage"
         defaults.update(names)
-    assert defaults["model_name"] == "models/tiny-llama"
-    assert defaults["data_path"] == "data/tiny_instructions.jsonl"
-    assert (REPO / defaults["model_name"] / "config.json").is_file()
-    assert (REPO / defaults["data_path"]).is_file()
+    assert defaults["model_name"] == "../models/tiny-llama"  # from notebooks/, where the cells run
+    assert defaults["data_path"] == "../data/tiny_instructions.jsonl"
+    assert (REPO / "notebooks" / defaults["model_name"] / "config.json").is_file()
+    assert (REPO / "notebooks" / defaults["data_path"]).is_file()
     assert defaults["load_in_4bit"] is False  # QLoRA only where bitsandbytes runs: set it on a GPU
-    assert defaults["output_dir"] == "outputs"
+    assert defaults["output_dir"] == "../outputs"
     for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "seed", "eval_rows"):
         assert isinstance(defaults[name], int) and defaults[name] > 0, name
 

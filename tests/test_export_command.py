@@ -37,8 +37,9 @@ def test_export_writes_the_script_and_reports_what_it_did(project, capsys):
     compile(text, "generated/train.py", "exec")
     assert "print(records[:2])" not in text  # notebook-only
     assert '# %% tags=["parameters"]\n# 01_data.ipynb\nrows = 8  # how many examples\n' in text
-    assert 'runtime.apply_flags(globals(), defined_in={"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb", "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"})' in text
-    assert 'ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, script=globals().get("__file__"))' in text
+    assert 'runtime.apply_flags(globals(), defined_in={"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb", "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"})' in text
+    assert ('ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, workdir=workdir,\n'
+            '                    script=globals().get("__file__"))') in text
     assert text.endswith("# %% nbddp teardown\nddp.shutdown()\n")
 
 

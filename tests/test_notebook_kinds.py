@@ -64,7 +64,7 @@ def run(script, facts, run_dir, nproc, work):
            "PYTHONPATH": os.pathsep.join(filter(None, [str(hook), str(REPO), os.environ.get("PYTHONPATH")])),
            "NBDDP_E2E_SAVE_LOG": str(log), "WANDB_MODE": "disabled"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(script), "--backend", "hf"]
+               str(script), "--backend", "hf", "--workdir", str(run_dir)]  # the cells run among the stand-ins
     result = subprocess.run(command, cwd=run_dir, env=env, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     saves = log.read_text().splitlines() if log.exists() else []

@@ -48,7 +48,7 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
     merged = merge_parameters([
         parameters_cell("01_data.ipynb", 2, "rows = 8  # how many\n\n# seed for shuffling\nseed = 0"),
         parameters_cell("02_train.ipynb", 1, "lr = 1e-3"),
-    ])
+    ], workdir="../notebooks")
     assert merged.source.splitlines() == [
         "# 01_data.ipynb",
         "rows = 8  # how many",
@@ -60,6 +60,7 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
+        'workdir = "../notebooks"  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
     assert merged.origin == [
         None,
@@ -72,9 +73,10 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
         None,
         None,
         None,
+        None,
     ]
     assert merged.defined_in == {"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb",
-                                 "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"}
+                                 "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
 
 
 def test_same_name_with_the_same_default_is_merged_once():
@@ -103,12 +105,13 @@ def test_equal_values_of_different_types_are_different_defaults():
         merge_parameters([parameters_cell("01_a.ipynb", 1, "x = 1"), parameters_cell("02_b.ipynb", 1, "x = 1.0")])
 
 
-def test_no_parameters_cells_still_give_nbddp_backend_resume_and_batch_layout():
+def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_and_workdir():
     merged = merge_parameters([])
     assert merged.source.splitlines() == [
         "# nbddp",
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
+        'workdir = "."  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
-    assert merged.defined_in == {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"}
+    assert merged.defined_in == {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}

@@ -160,6 +160,7 @@ def test_a_run_writes_only_under_output_dir_and_the_documented_caches(tmp_path):
 
     project, home, scratch = tmp_path / "project", tmp_path / "home", tmp_path / "tmp"
     shutil.copytree(REPO / "generated", project / "generated")
+    shutil.copytree(REPO / "notebooks", project / "notebooks")  # where the cells run
     shutil.copytree(REPO / "models" / "tiny-llama", project / "models" / "tiny-llama")
     (project / "data").mkdir()
     shutil.copy(REPO / "data" / "tiny_instructions.jsonl", project / "data")
@@ -171,7 +172,7 @@ def test_a_run_writes_only_under_output_dir_and_the_documented_caches(tmp_path):
     inputs = files_under(project)
 
     result = subprocess.run([sys.executable, "generated/train.py", "--max_steps", "2", "--eval_steps", "2",
-                             "--output_dir", "out"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+                             "--output_dir", "../out"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
     assert result.returncode == 0, result.stderr
     written = sorted(set(files_under(project)) - set(inputs))

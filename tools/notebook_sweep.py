@@ -4,8 +4,8 @@
 
 Each notebook of unslothai/notebooks' nb/ (outside its AMD, Kaggle and Desktop copies) is classified from its code
 (tools/categories.py), copied alone into WORK/<name>/01_nb.ipynb, exported with `pipeline.py export` and compiled
-with `py_compile`; the chosen ones then run under torchrun from WORK/<name>/run, where links named like every hub
-id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py), with the hub
+with `py_compile`; the chosen ones then run under torchrun, where links beside the notebook (its cells run there)
+named like every hub id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py), with the hub
 offline and training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then the table; the same
 goes to RESULTS/summary.json and summary.md, with each run's stdout and stderr under RESULTS/logs/.
 """
@@ -289,17 +289,16 @@ class Runner:
         elif family:
             source = standins.text_variant(source, family, self.args.work / "models")
         model = self.weights(python, source)
-        run_dir = folder / "run"
-        run_dir.mkdir()
         datasets = {i: self.datasets[i] for i in self.datasets if i in facts.dataset_ids or facts.mentions(i)}
-        standins.assemble(run_dir, standins.model_standin_names(facts.model_ids), model, datasets)
+        # beside the notebook, where its cells run (the script's workdir), as a user's data would be
+        standins.assemble(folder, standins.model_standin_names(facts.model_ids), model, datasets)
         log_dir = self.logs / slug(outcome.notebook)
         log_dir.mkdir(parents=True, exist_ok=True)
         command = [python, "-m", "torch.distributed.run", "--standalone",
                    "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
         outcome.ran = True
         started = time.monotonic()
-        status = run_with_timeout(command, run_dir, self.environment(), log_dir, self.args.timeout)
+        status = run_with_timeout(command, folder, self.environment(), log_dir, self.args.timeout)
         outcome.seconds = round(time.monotonic() - started, 1)
         outcome.passed = status == 0
         if not outcome.passed:

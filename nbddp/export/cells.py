@@ -83,7 +83,8 @@ def setup_cell(defined_in: dict) -> GeneratedCell:
     lines = [
         "from nbddp import runtime",
         f"runtime.apply_flags(globals(), defined_in={json.dumps(defined_in, ensure_ascii=False)})",
-        'ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, script=globals().get("__file__"))',
+        'ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, workdir=workdir,',
+        '                    script=globals().get("__file__"))',
     ]
     return GeneratedCell("code", "\n".join(lines), [None] * len(lines), "nbddp setup")
 

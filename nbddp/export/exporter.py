@@ -1,4 +1,5 @@
 """Stage notebooks -> generated/train.py and its source map: the export steps in order."""
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,14 +32,18 @@ def export(notebooks="notebooks", out="generated", *, check=False, force=False) 
     `check`: write nothing, list in `stale` the files that differ from what export would write.
     `force`: overwrite a train.py that was edited by hand (otherwise that is an NbddpError).
     Bad notebooks raise NotebookError before anything is written; an `out` that cannot be written, UsageError.
+    The paths the script and its map name are relative to the folder that holds `out` (the project), so an
+    export from any working directory writes the same files.
     """
     out = Path(out)
     script_path = out / SCRIPT_NAME
     if not check:
         check_out_dir(out)
-    stages = read_stages(notebooks)
-    cells, report = assemble_cells(stages)
-    cells.insert(0, header_cell(stages, script_path.as_posix()))
+    project = os.path.dirname(os.path.abspath(out))
+    stages = read_stages(notebooks, relative_to=project)
+    workdir = Path(os.path.relpath(os.path.abspath(notebooks), os.path.abspath(out))).as_posix()
+    cells, report = assemble_cells(stages, workdir)
+    cells.insert(0, header_cell(stages, Path(os.path.relpath(os.path.abspath(script_path), project)).as_posix()))
     script_text = render_script(cells)
     files = {
         script_path: script_text,
@@ -52,8 +57,9 @@ def export(notebooks="notebooks", out="generated", *, check=False, force=False) 
     return ExportResult(script_path, files, report, stale=[], written=True)
 
 
-def assemble_cells(stages) -> tuple[list, ExportReport]:
-    """The script's cells after the header (parameters, setup, stage cells, teardown) and the report."""
+def assemble_cells(stages, workdir=".") -> tuple[list, ExportReport]:
+    """The script's cells after the header (parameters, setup, stage cells, teardown) and the report; `workdir`:
+    the notebooks' folder from the script's."""
     stage_notebooks = frozenset(stage.name for stage in stages)
     report = ExportReport(notebooks=len(stages))
     parameter_cells, body = [], []
@@ -73,5 +79,5 @@ def assemble_cells(stages) -> tuple[list, ExportReport]:
                 body.append(export_text_cell(cell))
     body = [cell for cell in body if cell is not None]
     report.cells = len(body)
-    parameters = merge_parameters(parameter_cells)
+    parameters = merge_parameters(parameter_cells, workdir)
     return [parameters_cell(parameters), setup_cell(parameters.defined_in), *body, teardown_cell()], report

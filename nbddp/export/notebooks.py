@@ -53,8 +53,9 @@ class Stage:
         return Path(self.path).name
 
 
-def read_stages(directory) -> list[Stage]:
-    """All stage notebooks in `directory`, in file-name order. An error: an empty pipeline, a stage name that is no
+def read_stages(directory, relative_to=None) -> list[Stage]:
+    """All stage notebooks in `directory`, in file-name order, named by their paths from the folder `relative_to`
+    (None: as found in `directory`). An error: an empty pipeline, a stage name that is no
     readable file (a dangling symbolic link), or, beside stages, a notebook whose name starts with a digit but is
     not NN_name.ipynb (`3_eval`, `03-eval`, `100_report`): export would leave it out without a word."""
     directory = Path(directory)
@@ -87,22 +88,23 @@ def read_stages(directory) -> list[Stage]:
             hint="a stage's name is two digits, an underscore and a name (03_train.ipynb); rename a notebook so to "
                  "make it a stage, or so that its name does not start with a digit to leave it out",
         )
-    return [read_stage(path) for path in paths]
+    return [read_stage(path, relative_to) for path in paths]
 
 
-def read_stage(path) -> Stage:
+def read_stage(path, relative_to=None) -> Stage:
     path = Path(path)
     notebook = _read_notebook(path)
+    name = Path(os.path.relpath(os.path.abspath(path), relative_to)) if relative_to is not None else path
     cells = tuple(
         SourceCell(
-            location=CellLocation(path.as_posix(), number),
+            location=CellLocation(name.as_posix(), number),
             cell_type=cell.cell_type,
             source=cell.source,
-            tags=_checked_tags(path.as_posix(), number, cell.cell_type, cell.metadata.get("tags", [])),
+            tags=_checked_tags(name.as_posix(), number, cell.cell_type, cell.metadata.get("tags", [])),
         )
         for number, cell in enumerate(notebook.cells, start=1)
     )
-    return Stage(path.as_posix(), cells, _content_sha256(cells))
+    return Stage(name.as_posix(), cells, _content_sha256(cells))
 
 
 def _read_notebook(path: Path):

@@ -1,5 +1,6 @@
 """The `parameters` cells of all stages, checked and merged into the one parameters cell of the script."""
 import ast
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,15 +12,16 @@ from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import parse_cell
 
 # nbddp's own parameters, appended after the stages' parameters: the training backend, whether
-# trainer.train() continues from the last complete checkpoint in output_dir, and how the processes share
-# the notebook's batch (see runtime.setup and runtime.batch_plan).
+# trainer.train() continues from the last complete checkpoint in output_dir, how the processes share
+# the notebook's batch, and the cells' working directory (see runtime.setup and runtime.batch_plan).
 NBDDP_PARAMETER_LINES = (
     "# nbddp",
     'backend = "auto"  # auto | unsloth | hf',
     "resume = False  # continue from the last complete checkpoint in output_dir",
     'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
+    "workdir = {workdir}  # where the cells run, from this script's folder: the notebooks', as in Jupyter",
 )
-NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp"}
+NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
 RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag
@@ -62,8 +64,9 @@ def read_parameters(cell: SourceCell) -> list[Parameter]:
     return parameters
 
 
-def merge_parameters(cells: list[SourceCell]) -> MergedParameters:
-    """Merge the parameters cells (in pipeline order): a name defined twice must have one default."""
+def merge_parameters(cells: list[SourceCell], workdir: str = ".") -> MergedParameters:
+    """Merge the parameters cells (in pipeline order): a name defined twice must have one default. `workdir`: the
+    notebooks' folder from the script's, the default of nbddp's `workdir` parameter."""
     first_definition: dict[str, Parameter] = {}
     lines: list[str] = []
     origin: list = []
@@ -98,7 +101,7 @@ def merge_parameters(cells: list[SourceCell]) -> MergedParameters:
         for number, text in kept:
             lines.append(text)
             origin.append([cell.location.notebook, cell.location.cell, number])
-    lines.extend(NBDDP_PARAMETER_LINES)
+    lines.extend(line.format(workdir=json.dumps(workdir)) for line in NBDDP_PARAMETER_LINES)
     origin.extend([None] * len(NBDDP_PARAMETER_LINES))
     defined_in = {name: Path(parameter.cell.location.notebook).name for name, parameter in first_definition.items()}
     return MergedParameters("\n".join(lines), origin, {**defined_in, **NBDDP_PARAMETERS})

@@ -139,10 +139,16 @@ def _how(failure, kind):
     return failure.message or f"exited with status {failure.exitcode} ({pid})"
 
 
-def describe(status, torchrun_stderr, output_dir=None, processes=None):
+def describe(status, torchrun_stderr, output_dir=None, processes=None, hung=None):
     """The report for a torchrun that exited with `status`; `torchrun_stderr` is (the end of) its stderr,
-    `output_dir` the training's, `processes` how many workers torchrun ran on this node (None: unknown)."""
+    `output_dir` the training's, `processes` how many workers torchrun ran on this node (None: unknown), `hung` the
+    rank the hang watch killed (`hang_watch.Hung`), which is then the cause."""
     lines = [f"nbddp: training failed (torchrun exit status {status})"]
+    if hung is not None:
+        lines.append(f"  {hung.describe()}; torchrun then stopped the other ranks")
+        if output_dir is not None:
+            lines += progress_lines(Path(output_dir))
+        return "\n".join(lines)
     failures = parse_summary(torchrun_stderr)
     if not failures:
         lines.append("  torchrun printed no per-rank failure summary; its output above says why")

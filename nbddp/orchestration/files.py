@@ -1,4 +1,5 @@
-"""Result files are written whole or not at all: to a temp file beside the target, then os.replace."""
+"""Result files are written whole or not at all: to a temp file beside the target, then os.replace. And `shown`:
+a path as messages name it."""
 
 import contextlib
 import json
@@ -28,3 +29,9 @@ def write_text(path, text):
 
 def write_json(path, data):
     write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def shown(path) -> str:
+    """`path` from the working directory when it lies below it (`runs/...`), else absolute."""
+    path = Path(path).absolute()
+    return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, environment, failure_report, parameters, stderr_tail, stopping
+from nbddp.orchestration import devices, environment, failure_report, hang_watch, parameters, stderr_tail, stopping
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
@@ -130,13 +130,15 @@ def execute(plan, environ=None):
     from, when a signal stopped it."""
     env = environment.child_environment(environ=environ) | plan.env_additions
     try:
-        status, stderr = stderr_tail.run(plan.command, env)
+        with hang_watch.watching(env) as watch:
+            status, stderr = stderr_tail.run(plan.command, env)
     except stopping.Interrupted as stopped:
         output_dir = _output_dir(plan, env)
         resume = f"; {failure_report.resume_hint(output_dir)}" if output_dir else ""
         raise stopping.Interrupted(stopped.signum, f"torchrun and its workers have exited{resume}") from None
     if status != 0:
-        print(failure_report.describe(status, stderr, _output_dir(plan, env), plan.processes), file=sys.stderr,
+        hung = watch.hung if watch is not None else None
+        print(failure_report.describe(status, stderr, _output_dir(plan, env), plan.processes, hung), file=sys.stderr,
               flush=True)
     return status
 

@@ -22,6 +22,7 @@ class Metrics:
     tokens_per_s: list
     peak_mem_gib: list
     batch_plan: dict | None = None  # the last `{"event": "batch_plan"}` record: how the processes shared the batch
+    train_runtime_s: float | None = None  # the last `{"event": "end"}` record's: Trainer's train() time
 
     @property
     def final_train_loss(self):
@@ -47,7 +48,7 @@ class Metrics:
 
 def read_metrics(path):
     """Parse `path`; a line that is not JSON is an error naming the file and line."""
-    losses, eval_losses, tokens, memory, plan = [], [], [], [], None
+    losses, eval_losses, tokens, memory, plan, runtime = [], [], [], [], None, None
     with open(path, encoding="utf-8") as stream:
         for number, text in enumerate(stream, start=1):
             if not text.strip():
@@ -58,13 +59,15 @@ def read_metrics(path):
                 raise NbddpError(f"{path}, line {number}: not a JSON line ({error.msg})") from None
             if record.get("event") == "batch_plan":
                 plan = record
+            elif record.get("event") == "end" and isinstance(record.get("train_runtime"), (int, float)):
+                runtime = float(record["train_runtime"])
             elif record.get("event") == "eval" and record.get("eval_loss") is not None:
                 eval_losses.append((record["step"], record["eval_loss"]))
             elif "event" not in record and record.get("loss") is not None:
                 losses.append((record["step"], record["loss"]))
                 _append_number(tokens, record.get("tokens_per_s"))
                 _append_number(memory, record.get("peak_mem_gib"))
-    return Metrics(losses, eval_losses, tokens, memory, plan)
+    return Metrics(losses, eval_losses, tokens, memory, plan, runtime)
 
 
 def last_trainer_state(output_dir):

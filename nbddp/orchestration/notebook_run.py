@@ -18,6 +18,7 @@ import yaml
 from nbddp import errors
 from nbddp.errors import NotebookError
 from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr, stopping
+from nbddp.orchestration import parameters as orchestration_parameters
 from nbddp.orchestration.sourcemap import SourceMap
 
 # The kernelspec the generated script declares (docs/design.md); a script without one gets it.
@@ -52,8 +53,8 @@ def to_notebook(script):
 
 def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, timeout=None, progress=True,
                  extra_env=None):
-    """Execute `notebook` (converted from `script`) with `parameters` injected; results in `out_dir`.
-    `extra_env`: variables for the kernel on top of ours.
+    """Execute `notebook` (converted from `script`) with `parameters` injected (its `workdir` absolute, see
+    `parameters.with_absolute_paths`); results in `out_dir`. `extra_env`: variables for the kernel on top of ours.
 
     Writes `<stem>.ipynb` (executed), `<stem>.html`, the cells' stdout/stderr logs and papermill's own stderr
     (`papermill.stderr.log`). Raises NotebookRunFailed naming the source notebook, cell and line when a cell fails,
@@ -61,6 +62,8 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
     """
     out_dir = Path(out_dir)
     stem = Path(script).stem
+    parameters = orchestration_parameters.with_absolute_paths(
+        script, orchestration_parameters.read_defaults(notebook, script), parameters)
     executed, html = out_dir / f"{stem}.ipynb", out_dir / f"{stem}.html"
     with tempfile.TemporaryDirectory(prefix="nbddp-kernel-") as scratch:
         given = Path(scratch) / f"{stem}.ipynb"
@@ -73,7 +76,7 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
             status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG)
         except stopping.Interrupted as stopped:
             raise stopping.Interrupted(stopped.signum, f"papermill and its kernel have exited; the notebook run "
-                                                       f"wrote into {out_dir}") from None
+                                                       f"wrote into {files.shown(out_dir)}") from None
         wall_time_s = time.monotonic() - started
     if not executed.exists():
         log = out_dir / PAPERMILL_LOG

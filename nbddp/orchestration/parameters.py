@@ -23,6 +23,7 @@ from nbddp.runtime import batch_plan, training_overrides
 
 PARAMETERS_TAG = "parameters"
 BATCH_LAYOUT = "batch_layout"  # nbddp's own parameter: how N processes share the notebook's batch
+WORKDIR = "workdir"  # nbddp's own parameter: where the cells run, from the script's folder (runtime.working_directory)
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
 CHECK_TIMEOUT_S = 300  # the --set check's child: importing transformers and trl, seconds
@@ -34,6 +35,20 @@ def read_defaults(notebook, path):
         if cell.cell_type == "code" and PARAMETERS_TAG in cell.metadata.get("tags", []):
             return _literal_assignments(cell.source, path, index)
     raise NotebookError(path, "no cell is tagged `parameters`", hint="re-run `python pipeline.py export`")
+
+
+def with_absolute_paths(script, defaults, values):
+    """`values` (parameters for `script`) with `workdir` (when the script has one) and a relative `output_dir` made
+    absolute, as the script's cells will read them: so a kernel, whose working directory is ours, changes into the
+    notebooks' folder, and we find the output_dir the cells write to."""
+    values = dict(values)
+    workdir = values.get(WORKDIR, defaults.get(WORKDIR, ""))
+    cells = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(script)), workdir)) if workdir else None
+    if cells is not None:
+        values[WORKDIR] = cells
+    if isinstance(values.get("output_dir"), str):
+        values["output_dir"] = os.path.normpath(os.path.join(cells or os.getcwd(), values["output_dir"]))
+    return values
 
 
 def _literal_assignments(source, path, cell):

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from nbddp.errors import NbddpError
-from nbddp.orchestration import devices, launch, layout_check, parameters, plots, smoke, stopping
+from nbddp.orchestration import devices, files, launch, layout_check, parameters, plots, smoke, stopping
 from nbddp.orchestration.metrics import METRICS_FILE, last_trainer_state, read_metrics, read_trainer_state
 from nbddp.orchestration.sourcemap import SourceMap
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
@@ -34,7 +34,8 @@ def check_export_fresh(script):
     notebooks = SourceMap.for_script(script).notebook_dir() or "notebooks"
     stale = export(notebooks=notebooks, out=Path(script).parent, check=True).stale
     if stale:
-        again = "" if notebooks == "notebooks" else f" --notebooks {notebooks} --out {Path(script).parent}"
+        shown = [files.shown(path) for path in (notebooks, Path(script).parent)]
+        again = "" if shown == ["notebooks", "generated"] else f" --notebooks {shown[0]} --out {shown[1]}"
         raise NbddpError("the generated script is out of date:\n  " + "\n  ".join(stale) +
                          f"\n  hint: run `python pipeline.py export{again}`")
 
@@ -47,6 +48,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     NBDDP_SET."""
     check_export_fresh(script)
     notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout)
+    user = parameters.with_absolute_paths(script, defaults, user)
     overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
     started = time.time()
@@ -75,15 +77,18 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     status = launch.execute(plan)
     if status != 0:
         raise LaunchFailed(status, logs)
+    # the notebook's own saves: in the project around its folder (the cells' working directory)
+    project = Path(user[parameters.WORKDIR]).parent if user.get(parameters.WORKDIR) else Path.cwd()
     summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check,
-                        saved=saved_models(Path.cwd(), started, runs_root))
+                        saved=saved_models(project, started, runs_root), wall_s=time.time() - started)
     print(summary, flush=True)
     return summary
 
 
-def summarise(run_dir, output_dir, logs, check=None, saved=()):
+def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None):
     """The summary text; draws loss_curve.png in `run_dir` from the training run's metrics; `check`: the smoke
-    run's layout check (`--batch-layout auto`); `saved`: the models the notebook's own code saved (`saved_models`)."""
+    run's layout check (`--batch-layout auto`); `saved`: the models the notebook's own code saved (`saved_models`);
+    `wall_s`: how long the whole command took."""
     lines = [f"run: done; everything is in {run_dir}"]
     if check is not None:
         lines.append(f"  layout check:  {check.describe()}")
@@ -109,12 +114,18 @@ def summarise(run_dir, output_dir, logs, check=None, saved=()):
         lines.append(f"  batch:         {metrics.batch_plan['text']}")
         if metrics.batch_plan.get("warning"):
             lines.append(f"  warning:       {metrics.batch_plan['warning']}")
+    if metrics.losses:
+        training = f", {metrics.train_runtime_s:.1f} s of training" if metrics.train_runtime_s is not None else ""
+        whole = f" (the whole run, smoke included: {wall_s:.0f} s)" if wall_s is not None else ""
+        lines.append(f"  steps:         {metrics.losses[-1][0]}{training}{whole}")
     lines.append(f"  train loss:    {_figure(metrics.final_train_loss, '.4f')} (final step)")
     lines.append(f"  held-out loss: {_figure(metrics.eval_loss, '.4f')}")
     lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f', ' (median over steps)')}")
     lines.append(f"  peak memory:   {_figure(metrics.max_peak_mem_gib, '.2f', ' GiB')}")
     curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
-    lines.append(f"  loss curve:    {plots.plot_loss_panels([('loss', curves)], run_dir / 'loss_curve.png')}")
+    title = f"{Path(run_dir).name}\n{metrics.batch_plan['text'].split(' (')[0]}" if metrics.batch_plan else Path(
+        run_dir).name
+    lines.append(f"  loss curve:    {plots.plot_loss_panels([(title, curves)], run_dir / 'loss_curve.png', markers={'held-out loss'})}")
     return "\n".join(lines)
 
 

@@ -73,7 +73,7 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     """Execute the smoke run into `run_dir` on the device `visible` (a CUDA_VISIBLE_DEVICES value); `extra_env`
     (NBDDP_SET) goes to the kernel too."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    injected = smoke_parameters(defaults, user, run_dir)
+    injected = parameters.with_absolute_paths(script, defaults, smoke_parameters(defaults, user, run_dir))
     files.write_json(run_dir / "params.json", injected)
     env = smoke_environment(defaults, run_dir) | (extra_env or {})
     in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())

@@ -6,6 +6,7 @@ script line `first_line + i`, or null for a line nbddp wrote.
 """
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +41,12 @@ class SourceMap:
             return cls(script, json.load(stream)["cells"])
 
     def notebook_dir(self):
-        """The folder of the stage notebooks the script was exported from (export reads one), or None."""
+        """The folder of the stage notebooks the script was exported from (export reads one; the map names them
+        from the folder above the script's), absolute; None for an empty map."""
         origins = (origin for entry in self.cells for origin in entry["origin"] if origin)
         first = next(origins, None)
-        return str(Path(first[0]).parent) if first else None
+        project = Path(self.script).absolute().parent.parent
+        return str(Path(os.path.normpath(project / first[0])).parent) if first else None
 
     def locate(self, cell_index, line=None):
         """Where line `line` (1-based) of script cell `cell_index` (0-based, jupytext's order) came from."""

@@ -19,14 +19,15 @@ from nbddp.runtime.flags import apply_flags, running_in_kernel
 __all__ = ["apply_flags", "setup"]
 
 
-def setup(backend: str, script: str | None, resume: bool = False, batch_layout="notebook"):
+def setup(backend: str, script: str | None, resume: bool = False, batch_layout="notebook", workdir: str = ""):
     """Prepare this process for the notebooks' code and return its `DistributedContext`.
 
+    `workdir`: where the cells run (see `working_directory`), the notebooks' folder in a generated script.
     `resume`: `trainer.train()` continues from the newest complete checkpoint (see
     `DistributedContext.checkpoint_to_resume`); a worker torchrun restarted resumes without being asked.
     `batch_layout`: how the processes share the notebook's batch (`batch_plan`).
     """
-    from nbddp.runtime import backends, script_display, tracebacks, training_overrides
+    from nbddp.runtime import backends, heartbeat, script_display, tracebacks, training_overrides, working_directory
     from nbddp.runtime.context import init_distributed
 
     script_mode = not running_in_kernel()
@@ -35,8 +36,10 @@ def setup(backend: str, script: str | None, resume: bool = False, batch_layout="
     if script_mode and not hasattr(builtins, "display"):
         builtins.display = script_display.display  # notebook cells call IPython's builtin display() bare
     try:
+        started_in = working_directory.enter(workdir, script)
         chosen, reason = backends.choose(backend)
         ddp = init_distributed(resume, batch_layout)
+        heartbeat.start(ddp.rank)  # under `pipeline.py launch`, which names a rank that stops beating as hung
         backends.activate(chosen)
         training_overrides.check(training_overrides.from_environment())  # --set: before any work
     except NbddpError as error:
@@ -47,7 +50,7 @@ def setup(backend: str, script: str | None, resume: bool = False, batch_layout="
     from nbddp.runtime import checkpoint_callback, smoke_sandbox  # imports transformers: once the backend is active
 
     checkpoint_callback.register()
-    smoke_sandbox.install()  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
+    smoke_sandbox.install(started_in)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         print(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}", flush=True)
     return ddp

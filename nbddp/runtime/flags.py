@@ -23,13 +23,14 @@ import tokenize
 from datetime import timedelta
 
 from nbddp.errors import UsageError
-from nbddp.runtime import preflight, training_overrides
+from nbddp.runtime import preflight, training_overrides, working_directory
 
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
 NBDDP_OWN = "nbddp"  # what `defined_in` says for nbddp's own parameters (backend)
 OUTPUT_DIR = "output_dir"
 OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
+WORKDIR = "workdir"  # nbddp's parameter: where the cells run (working_directory)
 DTYPE = "dtype"
 DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
 TIMEOUT_VARIABLE = "NBDDP_TIMEOUT_S"
@@ -69,6 +70,9 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
     output_dirs = {OUTPUT_DIR: namespace[OUTPUT_DIR]} if OUTPUT_DIR in defined_in else {}
     if os.environ.get(OUTPUT_DIR_VARIABLE):
         output_dirs[OUTPUT_DIR_VARIABLE] = os.environ[OUTPUT_DIR_VARIABLE]
+    cells = working_directory.folder(namespace.get(WORKDIR, ""), namespace.get("__file__"))
+    if os.path.isdir(cells) and OUTPUT_DIR in output_dirs:  # the cells, which run there, read it from there
+        output_dirs[OUTPUT_DIR] = os.path.join(cells, output_dirs[OUTPUT_DIR])
     try:
         for name, output_dir in output_dirs.items():
             preflight.check_output_dir(output_dir, name)

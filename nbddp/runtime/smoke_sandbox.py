@@ -8,7 +8,8 @@ variable nothing is wrapped: the training run saves and pushes where the noteboo
 A save to a path P goes to `redirected(P)`:
 - P itself when it lies in the smoke folder already (the smoke's output_dir) or in nbddp's model cache
   (`tiny_model.ensure_weights` builds weights there; nbddp's, not the user's);
-- `<smoke dir>/P` for a P in the project (the working directory), `<smoke dir>/abs/<P from its root>` for any other
+- `<smoke dir>/P` for a P in the project (the folder the run started in, which holds the smoke folder, before the
+  script changed into the notebooks' folder), `<smoke dir>/abs/<P from its root>` for any other
   (`/content/drive/...`, `/tmp/x`): the smoke run writes neither.
 The first save to each P prints where it went. A Trainer's checkpoints (`save_model(_internal_call=True)`) stay
 whole where its output_dir says, which the smoke run points at its folder.
@@ -47,7 +48,7 @@ UNSLOTH_PUSHES = ("unsloth_generic_push_to_hub_merged", "unsloth_push_to_hub_ggu
 # function with dill, which pickles by value the classes Unsloth patches at run time, these wrappers and the module
 # globals they read with them, and a ContextVar cannot be pickled (seen on a GPU: "cannot pickle
 # '_contextvars.ContextVar' object" building SFTTrainer in the smoke run).
-_state = {"trainer_saving": False}
+_state = {"trainer_saving": False, "project": None}
 _announced = set()  # the destinations already named: one line each
 
 
@@ -57,10 +58,12 @@ def smoke_dir() -> Path | None:
     return Path(os.path.abspath(text)) if text else None
 
 
-def install() -> None:
-    """In a smoke run (NBDDP_SMOKE_DIR set), wrap the saving and pushing methods listed above; otherwise nothing."""
+def install(project=None) -> None:
+    """In a smoke run (NBDDP_SMOKE_DIR set), wrap the saving and pushing methods listed above; otherwise nothing.
+    `project`: the folder the run started in (None: the working directory)."""
     if smoke_dir() is None:
         return
+    _state["project"] = Path(os.path.abspath(project or os.getcwd()))
     for owner, name, wrap in targets():
         current = vars(owner).get(name)  # a class's own method (one it inherits is wrapped where it is defined)
         if current is not None and not getattr(current, WRAPPED, False):
@@ -107,15 +110,15 @@ def redirected(path):
     absolute = Path(os.path.abspath(os.path.expanduser(path)))
     if absolute.is_relative_to(smoke) or absolute.is_relative_to(tiny_model.cache_root()):
         return path
-    project = Path.cwd()
+    project = _state["project"] or Path.cwd()
     if absolute.is_relative_to(project):
         target = smoke / absolute.relative_to(project)
     else:
         target = smoke / OUTSIDE_PROJECT / absolute.relative_to(absolute.anchor)
     if absolute.parent.is_dir():  # %%writefile and savefig need their folder, which the training run would find
         target.parent.mkdir(parents=True, exist_ok=True)
-    if not os.path.isabs(os.path.expanduser(path)) and target.is_relative_to(project):
-        target = target.relative_to(project)  # relative as the notebook's path was
+    if not os.path.isabs(os.path.expanduser(path)) and target.is_relative_to(Path.cwd()):
+        target = target.relative_to(Path.cwd())  # relative as the notebook's path was
     _say_once(absolute, f"nbddp: smoke run: save to {path} went to {_shown(target)} (the training run writes where "
                         "the notebook says)")
     return target if isinstance(path, Path) else str(target)

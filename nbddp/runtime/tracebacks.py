@@ -39,9 +39,18 @@ HINTS = (
 )
 
 
+_started_in = [None]  # the working directory `install` found, before `runtime.setup` changed it
+
+
+def _shown(path) -> str:
+    return os.path.relpath(path, _started_in[0] or os.getcwd())
+
+
 def install(script: str) -> None:
-    """Report uncaught exceptions of this process against the source map that sits beside `script`."""
+    """Report uncaught exceptions of this process against the source map that sits beside `script`; paths in the
+    reports are shown from the working directory it was started in (the cells change into the notebooks')."""
     script = os.path.abspath(script)
+    _started_in[0] = os.getcwd()
 
     def report_with_origin(exc_type, exc, tb):
         report = format_report(exc_type, exc, tb, script)
@@ -121,11 +130,11 @@ def _origin_line(tb, script: str) -> str | None:
         mapping = sourcemap.load(path)
     except (OSError, sourcemap.SourceMapError) as error:
         # The report must still come out: an excepthook that raises buries the user's error under its own.
-        return f"nbddp: could not read the source map {os.path.relpath(path)}: {error}"
+        return f"nbddp: could not read the source map {_shown(path)}: {error}"
     found = sourcemap.lookup(mapping, script_lines[-1]) if mapping else None
     if found is None:
         return None
-    where = f"nbddp: {os.path.relpath(script)} line {script_lines[-1]}"
+    where = f"nbddp: {_shown(script)} line {script_lines[-1]}"
     if found.origin is None:
         return f"{where} was written by nbddp (cell {found.cell_title!r})"
     return f"{where} comes from {found.origin}"

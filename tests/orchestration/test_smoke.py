@@ -17,7 +17,7 @@ pytestmark = pytest.mark.e2e
 
 def test_a_smoke_run_keeps_notebook_html_params_and_metrics(workdir):
     result = smoke("train_fixture.py", flags=[("learning_rate", "0.5")], device="cpu", timeout=120)
-    assert result.run_dir.parent == Path("runs") and result.run_dir.name.endswith("-smoke")
+    assert result.run_dir.parent == workdir / "runs" and result.run_dir.name.endswith("-smoke")
     assert {path.name for path in result.run_dir.iterdir()} >= {
         "train_fixture.ipynb", "train_fixture.html", "params.json", "metrics.jsonl"}
     params = json.loads((result.run_dir / "params.json").read_text())
@@ -117,12 +117,12 @@ def test_the_example_pipeline_smokes_on_cpu(repo_root, tmp_path):
 @needs_generated_script
 def test_a_bad_data_path_is_reported_in_the_data_prep_notebook(repo_root, tmp_path):
     with pytest.raises(NotebookRunFailed) as error:
-        smoke(flags=[("data_path", "data/missing.jsonl")], device="cpu", timeout=900, runs_root=tmp_path)
+        smoke(flags=[("data_path", "../data/missing.jsonl")], device="cpu", timeout=900, runs_root=tmp_path)
     failure = error.value
     # The source cell imports, leaves a blank line, then checks the path; the generated script wrapped the
     # cell in `with ddp.main_process_first():`, so the line numbers differ there.
     assert failure.notebook == "notebooks/01_data_prep.ipynb"
-    assert failure.message == "DataError: data file 'data/missing.jsonl': no such file"
+    assert failure.message == "DataError: data file '../data/missing.jsonl': no such file"
     assert failure.exit_status == 2  # nbddp's own bad-input error, raised in a cell: still bad input
     notebook = nbformat.read(repo_root / failure.notebook, as_version=4)
     failing_line = notebook.cells[failure.cell - 1].source.splitlines()[failure.line - 1]

@@ -91,7 +91,7 @@ def test_sweep_runs_a_notebook_on_stand_ins_and_reports_a_failing_one(tmp_path, 
     assert by_name["Tiny Broken"]["ran"] and not by_name["Tiny Broken"]["passed"]
     assert by_name["Tiny Broken"]["error"] == "ValueError: planted [01_nb.ipynb, cell 3, line 1]"
     assert summary["environment"]["notebooks"].startswith("unslothai/notebooks abc1234")
-    run = tmp_path / "work" / "Tiny-Alpaca" / "run"
+    run = tmp_path / "work" / "Tiny-Alpaca"  # the stand-ins beside the notebook, where its cells run
     assert (run / "unsloth" / "Llama-3.2-1B-unsloth-bnb-4bit").is_symlink()
     records = [json.loads(line) for line in (run / "outputs" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records if r.get("event") == "end"] == [2]  # NBDDP_MAX_STEPS, not the notebook's 60
