@@ -29,7 +29,9 @@ TINY_IMAGE_TOKEN = "<image>"  # models/tiny-vision's processor_config.json
 TABLE = Path(__file__).resolve().parent.parent / "nbddp" / "runtime" / "unsloth_chat_templates.json"
 # A model id's family (its lowercased id matches the pattern) -> the template of Unsloth's table its tokenizer has;
 # the first match wins. Families whose template the table lacks keep the tiny chat model's ChatML.
-FAMILIES = ((r"gemma-?4", "gemma-4"), (r"gemma-?3n", "gemma-3n"), (r"gemma-?3|medgemma|functiongemma", "gemma-3"),
+# None: a model whose own template no family's matches (FunctionGemma's takes tool calls and roles Gemma 3's refuses);
+# its stand-in keeps tiny-chat's template, which takes any role.
+FAMILIES = ((r"functiongemma", None), (r"gemma-?4", "gemma-4"), (r"gemma-?3n", "gemma-3n"), (r"gemma-?3|medgemma", "gemma-3"),
             (r"gemma", "gemma"), (r"qwen-?3", "qwen-3"), (r"qwen|qwq", "qwen-2.5"), (r"llama-?3", "llama-3.1"),
             (r"phi-?4", "phi-4"), (r"phi-?3", "phi-3"), (r"mistral|ministral|magistral|pixtral|devstral", "mistral"),
             (r"gpt-oss", "gpt-oss"), (r"lfm-?2", "lfm-2"))
@@ -82,10 +84,10 @@ def _template(name: str) -> str:
 
 
 def family_template(model_ids: list[str]) -> str | None:
-    """The table's template of the first model id whose family it knows."""
+    """The table's template of the first model id whose family it knows (None: tiny-chat's own)."""
     for model_id in model_ids:
         for pattern, name in FAMILIES:
-            if re.search(pattern, model_id.lower()) and _template(name):
+            if re.search(pattern, model_id.lower()) and (name is None or _template(name)):
                 return name
     return None
 

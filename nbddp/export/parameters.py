@@ -10,18 +10,7 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import parse_cell
-
-# nbddp's own parameters, appended after the stages' parameters: the training backend, whether
-# trainer.train() continues from the last complete checkpoint in output_dir, how the processes share
-# the notebook's batch, and the cells' working directory (see runtime.setup and runtime.batch_plan).
-NBDDP_PARAMETER_LINES = (
-    "# nbddp",
-    'backend = "auto"  # auto | unsloth | hf',
-    "resume = False  # continue from the last complete checkpoint in output_dir",
-    'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
-    "workdir = {workdir}  # where the cells run, from this script's folder: the notebooks', as in Jupyter",
-)
-NBDDP_PARAMETERS = {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+from nbddp.script_parameters import NBDDP_PARAMETER_LINES, NBDDP_PARAMETERS
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
 RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag

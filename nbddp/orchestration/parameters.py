@@ -17,13 +17,11 @@ import sys
 import yaml
 
 from nbddp.errors import NbddpError, NotebookError, UsageError
-from nbddp.export.parameters import NBDDP_PARAMETERS  # the parameters export adds to every script
+from nbddp.script_parameters import BATCH_LAYOUT, NBDDP_PARAMETERS, WORKDIR  # nbddp's own, in every script
 from nbddp.orchestration import environment
 from nbddp.runtime import batch_plan, training_overrides
 
 PARAMETERS_TAG = "parameters"
-BATCH_LAYOUT = "batch_layout"  # nbddp's own parameter: how N processes share the notebook's batch
-WORKDIR = "workdir"  # nbddp's own parameter: where the cells run, from the script's folder (runtime.working_directory)
 TRUE_WORDS = {"true", "1", "yes"}
 FALSE_WORDS = {"false", "0", "no"}
 CHECK_TIMEOUT_S = 300  # the --set check's child: importing transformers and trl, seconds

@@ -24,13 +24,13 @@ from datetime import timedelta
 
 from nbddp.errors import UsageError
 from nbddp.runtime import preflight, training_overrides, working_directory
+from nbddp.script_parameters import WORKDIR
 
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
 NBDDP_OWN = "nbddp"  # what `defined_in` says for nbddp's own parameters (backend)
 OUTPUT_DIR = "output_dir"
 OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
-WORKDIR = "workdir"  # nbddp's parameter: where the cells run (working_directory)
 DTYPE = "dtype"
 DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
 TIMEOUT_VARIABLE = "NBDDP_TIMEOUT_S"

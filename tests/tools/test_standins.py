@@ -4,6 +4,7 @@ import os
 import pytest
 
 from tools import standin_datasets
+from tools import standins
 from tools.standins import assemble, model_source, model_standin_names
 
 
@@ -88,3 +89,11 @@ def test_stand_ins_are_the_same_every_time(tmp_path):
     files = sorted(p.relative_to(first) for p in first.rglob("*.parquet"))
     assert files and files == sorted(p.relative_to(second) for p in second.rglob("*.parquet"))
     assert all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
+
+
+def test_a_model_family_gets_its_template_from_the_table_and_functiongemma_keeps_tiny_chats():
+    assert standins.family_template(["unsloth/gemma-3-270m-it"]) == "gemma-3"
+    assert standins.family_template(["unsloth/Qwen3-4B"]) == "qwen-3"
+    # FunctionGemma's own template takes tool calls and roles that Gemma 3's refuses
+    assert standins.family_template(["unsloth/functiongemma-270m-it"]) is None
+    assert standins.family_template(["some/unknown-model"]) is None
