@@ -19,6 +19,11 @@ takes a list of rows as a dataset, and lets their configs take the keywords Tran
 `SFTConfig` also takes `max_seq_length=` (its compiled `UnslothSFTConfig`), which TRL's refuses; `patch_sft_config`
 lets it set `max_length` there too.
 
+An SFT dataset that has the `dataset_text_field` column the author named and also a chat column ("messages",
+"conversations"), a notebook's formatted text beside the turns it came from, trains on the text, as Unsloth's
+`sft_prepare_dataset` (unsloth_zoo/dataset_utils.py) decides; TRL would render the chats with the chat template
+(and fail on ShareGPT's "human"/"gpt" roles). The chat columns are dropped from the trainer's copy of the dataset.
+
 A plain `TrainingArguments` is converted as TRL itself converts one, from `args.to_dict()`, so a value the author
 left unset keeps its `TrainingArguments` default (learning rate 5e-5, no gradient checkpointing, logging every 500
 steps, bf16 off) rather than taking the config's. The trainer's own config is kept, with the moved values set on
@@ -76,6 +81,8 @@ def patch_trainer(trainer_class, config_class) -> None:
         for name in ("train_dataset", "eval_dataset"):
             if isinstance(kwargs.get(name), (list, tuple)):  # the vision notebooks' rows: TRL 1.x wants a Dataset
                 kwargs[name] = datasets_from_rows(kwargs[name])
+            if config_class.__name__ == "SFTConfig" and kwargs.get(name) is not None:
+                kwargs[name] = text_over_chats(kwargs[name], kwargs)
         config_arguments = {name: kwargs.pop(name) for name in list(kwargs) if name not in trainer_parameters}
         training_args = kwargs.get("args")
         if config_arguments and training_args is not None:
@@ -87,6 +94,22 @@ def patch_trainer(trainer_class, config_class) -> None:
 
     __init__.nbddp_takes_unsloth_arguments = True
     trainer_class.__init__ = __init__
+
+
+CHAT_COLUMNS = ("messages", "conversations")
+
+
+def text_over_chats(dataset, kwargs):
+    """`dataset` without its chat columns when it also has the text column `dataset_text_field` names (a trainer
+    keyword or its config's; no formatting_func, no assistant_only_loss): see the module's docstring."""
+    args = kwargs.get("args")
+    field = kwargs.get("dataset_text_field", getattr(args, "dataset_text_field", None))
+    columns = getattr(dataset, "column_names", None)
+    if (not field or not isinstance(columns, list) or field not in columns or kwargs.get("formatting_func")
+            or getattr(args, "assistant_only_loss", False)):
+        return dataset
+    chats = [column for column in CHAT_COLUMNS if column in columns]
+    return dataset.remove_columns(chats) if chats else dataset
 
 
 def datasets_from_rows(rows):

@@ -276,3 +276,22 @@ def test_a_list_of_rows_is_taken_as_a_dataset(trainer_class, tmp_path):
     assert isinstance(dataset, Dataset) and len(dataset) == 3
     image = dataset[0]["messages"][0]["content"][0]["image"]  # nested: Arrow's {"bytes", "path"}, PNG bytes
     assert Image.open(__import__("io").BytesIO(image["bytes"])).size == (4, 4)
+
+
+def test_a_text_column_named_by_dataset_text_field_wins_over_the_chats_beside_it():
+    """As Unsloth's sft_prepare_dataset: the notebook's formatted text trains, not its ShareGPT turns (which TRL
+    would render with the chat template, refusing the "human"/"gpt" roles)."""
+    from types import SimpleNamespace
+
+    from datasets import Dataset
+
+    from nbddp.runtime.trl_compat import text_over_chats
+
+    turns = [{"from": "human", "value": "hi?"}, {"from": "gpt", "value": "hello."}]
+    dataset = Dataset.from_list([{"conversations": turns, "text": "### hi? ### hello."}])
+    assert text_over_chats(dataset, {"dataset_text_field": "text"}).column_names == ["text"]
+    assert text_over_chats(dataset, {"args": SimpleNamespace(dataset_text_field="text")}).column_names == ["text"]
+    kept = [{"dataset_text_field": "body"}, {"dataset_text_field": "text", "formatting_func": len},
+            {"args": SimpleNamespace(dataset_text_field="text", assistant_only_loss=True)}]
+    for kwargs in kept:
+        assert text_over_chats(dataset, kwargs).column_names == ["conversations", "text"], kwargs
