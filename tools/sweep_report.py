@@ -48,7 +48,9 @@ LIMITS = (
      "a GPU"),
     (r"save_pretrained_gguf|push_to_hub_gguf|llama\.cpp|save_pretrained_torchao", "Unsloth's GPU-only export"),
     (r"trust_remote_code|add_image_preprocess", "the model's own code"),
-    (r"No module named 'unsloth_zoo'", "Unsloth itself (unsloth_zoo, which needs a GPU)"),
+    # unsloth_zoo absent, or present and refusing to import without Unsloth (which needs a GPU)
+    (r"No module named 'unsloth_zoo'|Please install Unsloth via `pip install unsloth`",
+     "Unsloth itself (unsloth_zoo, which needs a GPU)"),
     (r"^AssertionError: \d+\.\d+[\w.]*( \[|$)", "the exact version the notebook asserts"),
 )
 
