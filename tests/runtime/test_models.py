@@ -46,7 +46,8 @@ def test_a_mistyped_local_path_suggests_the_closest_folder(tiny_llama_dir, hub, 
 
 
 @pytest.mark.parametrize("name, message", [
-    ("./nowhere/model", r"no such directory \(nowhere does not exist either\)"),
+    ("./nowhere/model", r"no such directory \(nowhere does not exist either; relative paths are read from .*, where the "
+                        r"cells run\)"),
     ("/no/such/model", r"no such directory \(/no/such does not exist either\)"),
 ])
 def test_paths_that_no_hub_id_looks_like(hub, tmp_path, monkeypatch, name, message):
