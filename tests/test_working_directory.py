@@ -46,7 +46,7 @@ def test_a_relative_workdir_is_read_from_the_script_folder_and_empty_stays(tmp_p
     (tmp_path / "generated").mkdir()
     monkeypatch.chdir(REPO)
     started = working_directory.enter("", str(tmp_path / "generated" / "train.py"))
-    assert started == os.getcwd() == str(REPO)
+    assert started == os.getcwd() == str(REPO) == working_directory.folder("", str(tmp_path / "generated" / "x.py"))
     assert working_directory.enter("../notebooks", str(tmp_path / "generated" / "train.py")) == str(REPO)
     assert os.getcwd() == str(tmp_path / "notebooks")
 

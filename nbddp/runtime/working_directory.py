@@ -16,6 +16,8 @@ PATH_VARIABLES = ("NBDDP_OUTPUT_DIR", "NBDDP_SMOKE_DIR")
 
 def folder(workdir: str, script: str | None) -> str:
     """The absolute folder `workdir` names (see above); the working directory for `""`."""
+    if not workdir:
+        return os.getcwd()
     base = os.path.dirname(os.path.abspath(script)) if script else os.getcwd()
     return os.path.normpath(os.path.join(base, workdir))
 
