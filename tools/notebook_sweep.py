@@ -5,9 +5,9 @@
 Each notebook of unslothai/notebooks' nb/ (outside its AMD, Kaggle and Desktop copies) is classified from its code
 (tools/categories.py), copied alone into WORK/<name>/01_nb.ipynb, exported with `pipeline.py export` and compiled
 with `py_compile`; the chosen ones then run under torchrun, where links beside the notebook (its cells run there)
-named like every hub id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py), with the hub
-offline and training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then the table; the same
-goes to RESULTS/summary.json and summary.md, with each run's stdout and stderr under RESULTS/logs/.
+named like every hub id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py),
+with the hub offline and training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then the table;
+the same goes to RESULTS/summary.json and summary.md, with each run's stdout and stderr under RESULTS/logs/.
 """
 import argparse
 import datetime

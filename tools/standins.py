@@ -31,7 +31,8 @@ TABLE = Path(__file__).resolve().parent.parent / "nbddp" / "runtime" / "unsloth_
 # the first match wins. Families whose template the table lacks keep the tiny chat model's ChatML.
 # None: a model whose own template no family's matches (FunctionGemma's takes tool calls and roles Gemma 3's refuses);
 # its stand-in keeps tiny-chat's template, which takes any role.
-FAMILIES = ((r"functiongemma", None), (r"gemma-?4", "gemma-4"), (r"gemma-?3n", "gemma-3n"), (r"gemma-?3|medgemma", "gemma-3"),
+FAMILIES = ((r"functiongemma", None), (r"gemma-?4", "gemma-4"), (r"gemma-?3n", "gemma-3n"),
+            (r"gemma-?3|medgemma", "gemma-3"),
             (r"gemma", "gemma"), (r"qwen-?3", "qwen-3"), (r"qwen|qwq", "qwen-2.5"), (r"llama-?3", "llama-3.1"),
             (r"phi-?4", "phi-4"), (r"phi-?3", "phi-3"), (r"mistral|ministral|magistral|pixtral|devstral", "mistral"),
             (r"gpt-oss", "gpt-oss"), (r"lfm-?2", "lfm-2"))

@@ -19,7 +19,7 @@ import yaml
 from nbddp.errors import NbddpError, NotebookError, UsageError
 from nbddp.script_parameters import BATCH_LAYOUT, NBDDP_PARAMETERS, WORKDIR  # nbddp's own, in every script
 from nbddp.orchestration import environment
-from nbddp.runtime import batch_plan, training_overrides
+from nbddp.runtime import batch_plan, training_overrides, working_directory
 
 PARAMETERS_TAG = "parameters"
 TRUE_WORDS = {"true", "1", "yes"}
@@ -41,7 +41,7 @@ def with_absolute_paths(script, defaults, values):
     notebooks' folder, and we find the output_dir the cells write to."""
     values = dict(values)
     workdir = values.get(WORKDIR, defaults.get(WORKDIR, ""))
-    cells = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(script)), workdir)) if workdir else None
+    cells = working_directory.folder(workdir, script) if workdir else None  # the runtime's own reading of it
     if cells is not None:
         values[WORKDIR] = cells
     if isinstance(values.get("output_dir"), str):
