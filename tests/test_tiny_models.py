@@ -1,5 +1,6 @@
-"""The tiny models kept in models/: each builder rewrites its folder's committed files byte for byte, and no
-weights are committed (nbddp.runtime.tiny_model.ensure_weights builds them)."""
+"""The tiny models kept in models/: each builder rewrites its folder's committed files byte for byte, no weights are
+committed (nbddp.runtime.tiny_model.ensure_weights builds them), and the tiny Whisper trains as Whisper's notebook
+loads it."""
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ MODELS = [
                                              "preprocessor_config.json",
                                              "processor_config.json", "special_tokens_map.json", "tokenizer.json",
                                              "tokenizer_config.json"]),
+    ("tiny-whisper", "build_tiny_whisper.py", ["config.json", "generation_config.json", "preprocessor_config.json",
+                                               "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]),
 ]
 IDS = [model for model, _, _ in MODELS]
 
@@ -31,3 +34,31 @@ def test_rebuilding_gives_the_committed_bytes(model, builder, committed, tmp_pat
 @pytest.mark.parametrize("model, builder, committed", MODELS, ids=IDS)
 def test_no_weights_are_committed(model, builder, committed):
     assert sorted(path.name for path in (REPO / "models" / model).iterdir()) == committed
+
+
+def test_the_tiny_whisper_loads_and_trains_as_whisper_s_notebook_has_it(tmp_path, monkeypatch):
+    """Whisper.ipynb: FastModel.from_pretrained(auto_model=WhisperForConditionalGeneration, whisper_language=...,
+    whisper_task=...) gives the processor, whose feature extractor and tokenizer make a training batch."""
+    import numpy as np
+    import torch
+    from transformers import WhisperForConditionalGeneration
+
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
+    from nbddp.runtime.hf_backend import FastModel
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    path = ensure_weights(str(REPO / "models" / "tiny-whisper"))
+    _, loading = WhisperForConditionalGeneration.from_pretrained(path, output_loading_info=True)
+    assert not loading["missing_keys"]  # the encoder's weights too: built as a speech-to-text model
+    model, processor = FastModel.from_pretrained(
+        path, load_in_4bit=False, auto_model=WhisperForConditionalGeneration, whisper_language="English",
+        whisper_task="transcribe")
+    model = FastModel.get_peft_model(model, r=4, target_modules=["q_proj", "v_proj"], task_type=None)
+    audio = np.sin(np.arange(8000, dtype=np.float32) / 10)  # half a second at 16 kHz
+    features = processor.feature_extractor(audio, sampling_rate=16000).input_features
+    labels = processor.tokenizer("Hello there.").input_ids
+    assert processor.tokenizer.convert_ids_to_tokens(labels[:4]) == [
+        "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+    loss = model(input_features=torch.tensor(np.asarray(features)), labels=torch.tensor([labels])).loss
+    loss.backward()
+    assert loss.item() > 0

@@ -31,6 +31,7 @@ class NotebookFacts:
     dataset_ids: list[str]  # hub ids passed to load_dataset, in order of appearance
     pins: dict[str, str]  # package -> the version the install cell pins: {"transformers": "4.56.2", "trl": "0.22.2"}
     chat_templates: list[str]  # the templates get_chat_template is given: get_chat_template(processor, "gemma-3")
+    auto_models: list[str]  # the classes from_pretrained is given as auto_model: ["AutoModelForCausalLM"]
 
     def keyword_true(self, name: str) -> bool:
         return True in self.keywords.get(name, [])
@@ -58,7 +59,7 @@ def code_cells(notebook: Path) -> list[str]:
 
 
 def read_facts(notebook: Path) -> NotebookFacts:
-    facts = NotebookFacts(set(), set(), {}, [], [], [], {}, [])
+    facts = NotebookFacts(set(), set(), {}, [], [], [], {}, [], [])
     transformer = TransformerManager()
     assigned, loaded = {}, []  # variable -> the strings assigned to it; variables a loader was given
     for source in code_cells(notebook):
@@ -118,6 +119,8 @@ def _collect_call(node: ast.Call, facts: NotebookFacts) -> list[str]:
         given = [k.value for k in node.keywords if k.arg == "chat_template"] + node.args[1:2]
         facts.chat_templates += [value for value in map(_literal_string, given) if value]
     if name.endswith("from_pretrained"):
+        facts.auto_models += [class_name for k in node.keywords if k.arg == "auto_model"
+                              if (class_name := _dotted(k.value)) and class_name not in facts.auto_models]
         keyword_names = ("model_name", "pretrained_model_name_or_path")
         given = [k.value for k in node.keywords if k.arg in keyword_names] + node.args[:1]
         for value in given:

@@ -277,17 +277,24 @@ class Runner:
 
     def run(self, outcome: Outcome, facts, folder: Path, script: Path, python: str) -> None:
         vision = facts.loads_vision_model()
-        source = standins.model_source(REPO, vision)
+        source = standins.model_source(REPO, vision, facts.model_ids)
         if source is None:
             outcome.stage = "standins"
-            outcome.error = f"no stand-in model: {'models/tiny-vision' if vision else 'models/tiny-llama'} missing"
+            outcome.error = "no stand-in model: its folder in models/ is missing"
             return
         image_token = standins.image_token(facts.chat_templates) if vision else None
+        own_template = standins.own_vision_template(facts.model_ids) if vision else None
         family = standins.family_template(facts.model_ids) if not vision and source.name == "tiny-chat" else None
         if image_token:
             source = standins.vision_variant(source, image_token, self.args.work / "models")
+        elif own_template:
+            name, template, token = own_template
+            source = standins.vision_variant(source, token, self.args.work / "models", (name, template))
         elif family:
-            source = standins.text_variant(source, family, self.args.work / "models")
+            source = standins.text_variant(source, family, self.args.work / "models",
+                                           standins.takes_text_parts(facts.model_ids))
+        if vision and "AutoModelForCausalLM" in facts.auto_models:  # a remote-code vision model's own class
+            source = standins.remote_code_variant(source, "AutoModelForCausalLM", self.args.work / "models")
         model = self.weights(python, source)
         datasets = {i: self.datasets[i] for i in self.datasets if i in facts.dataset_ids or facts.mentions(i)}
         # beside the notebook, where its cells run (the script's workdir), as a user's data would be

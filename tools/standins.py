@@ -16,7 +16,10 @@ id -> "gemma-4"), as the real tokenizer would bring its own: the markers a noteb
 and the message shapes it renders (a Gemma 4 notebook's list of content parts) are the family's; `text_variant`
 makes that copy of the tiny chat model. A vision notebook that sets one of Unsloth's templates on the processor
 (`get_chat_template(processor, "gemma-3")`) writes that template's image placeholder (`<start_of_image>`) where the tiny Llava's processor looks for `<image>`;
-`vision_variant` makes a copy of the tiny Llava whose image token is the template's (`image_token`).
+`vision_variant` makes a copy of the tiny Llava whose image token is the template's (`image_token`). A vision
+family whose processor brings a template of its own, which its notebooks train on (PaddleOCR-VL's `User: ...
+\nAssistant: ...`), gets that template and image token (`own_vision_template`) the same way. A family neither tiny
+model can stand in for (Whisper, a speech-to-text model) has its own tiny model (`FAMILY_MODELS`).
 """
 import functools
 import json
@@ -35,10 +38,79 @@ FAMILIES = ((r"functiongemma", None), (r"gemma-?4", "gemma-4"), (r"gemma-?3n", "
             (r"gemma-?3|medgemma", "gemma-3"),
             (r"gemma", "gemma"), (r"qwen-?3", "qwen-3"), (r"qwen|qwq", "qwen-2.5"), (r"llama-?3", "llama-3.1"),
             (r"phi-?4", "phi-4"), (r"phi-?3", "phi-3"), (r"mistral|ministral|magistral|pixtral|devstral", "mistral"),
-            (r"gpt-oss", "gpt-oss"), (r"lfm-?2", "lfm-2"))
+            (r"gpt-oss", "gpt-oss"), (r"lfm-?2", "lfm-2"), (r"ernie-?4\.?5", "ernie-4.5"))
+# Families whose template Unsloth's table lacks: the template their own tokenizer ships with.
+OWN_TEMPLATES = {
+    # ERNIE 4.5's tokenizer (transformers' models/ernie4_5 DEFAULT_CHAT_TEMPLATE, baidu/ERNIE-4.5-*-PT)
+    "ernie-4.5": (
+        '{%- if not add_generation_prompt is defined -%}\n    {%- set add_generation_prompt = true -%}\n{%- endif -%}\n'
+        '{%- if not cls_token is defined -%}\n    {%- set cls_token = "<|begin_of_sentence|>" -%}\n{%- endif -%}\n'
+        '{%- if not sep_token is defined -%}\n    {%- set sep_token = "<|end_of_sentence|>" -%}\n{%- endif -%}\n'
+        '{{- cls_token -}}\n{%- for message in messages -%}\n    {%- if message["role"] == "user" -%}\n'
+        '        {{- "User: " + message["content"] + "\\n" -}}\n    {%- elif message["role"] == "assistant" -%}\n'
+        '        {{- "Assistant: " + message["content"] + sep_token -}}\n    {%- elif message["role"] == "system" -%}\n'
+        '        {{- message["content"] + "\\n" -}}\n    {%- endif -%}\n{%- endfor -%}\n'
+        '{%- if add_generation_prompt -%}\n    {{- "Assistant: " -}}\n{%- endif -%}'),
+}
+# Models whose own template also takes a message's content as a list of text parts, as multimodal models' do
+# (Qwen3.5, Magistral Small 2509): their notebooks prompt with [{"type": "text", "text": ...}], which the family's
+# text-only template would concatenate as a string.
+TEXT_PARTS_MODELS = r"qwen-?3\.[56]|magistral-small-2509"
+# Jinja put before such a template: each list content becomes the text of its text parts.
+TEXT_PARTS_PRELUDE = (
+    "{%- set flat = namespace(messages = []) -%}"
+    "{%- for message in messages -%}"
+    "{%- if message['content'] is not defined or message['content'] is string or message['content'] is none -%}"
+    "{%- set flat.messages = flat.messages + [message] -%}"
+    "{%- else -%}"
+    "{%- set text = namespace(value = '') -%}"
+    "{%- for part in message['content'] if part['type'] == 'text' -%}"
+    "{%- set text.value = text.value + part['text'] -%}"
+    "{%- endfor -%}"
+    "{%- set flat.messages = flat.messages + [dict(message, content = text.value)] -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- set messages = flat.messages -%}"
+)
+# The model code of remote_code_variant: the tiny Llava under a name of its own.
+REMOTE_MODULE, REMOTE_CLASS = "modeling_tiny_vision", "TinyVisionForCausalLM"
+REMOTE_CODE = f'''from transformers import LlavaForConditionalGeneration
+
+
+class {REMOTE_CLASS}(LlavaForConditionalGeneration):
+    """models/tiny-vision's Llava, loaded by AutoModelForCausalLM through config.json's auto_map."""
+'''
+# Vision models whose processor's own template (Unsloth's table has none) notebooks train on: the family's pattern,
+# name, template, and image token (what the processor expands; the template may write markers around it).
+OWN_VISION_TEMPLATES = (
+    # PaddleOCR-VL's chat_template.jinja (PaddlePaddle/PaddleOCR-VL): "User: <image>OCR:\nAssistant: ...</s>"
+    (r"paddleocr-vl", "paddleocr-vl", (
+        '{%- if not add_generation_prompt is defined -%}\n    {%- set add_generation_prompt = true -%}\n{%- endif -%}\n'
+        '{%- if not cls_token is defined -%}\n    {%- set cls_token = "<|begin_of_sentence|>" -%}\n{%- endif -%}\n'
+        '{%- if not eos_token is defined -%}\n    {%- set eos_token = "</s>" -%}\n{%- endif -%}\n'
+        '{%- if not image_token is defined -%}\n'
+        '    {%- set image_token = "<|IMAGE_START|><|IMAGE_PLACEHOLDER|><|IMAGE_END|>" -%}\n{%- endif -%}\n'
+        '{{- cls_token -}}\n{%- for message in messages -%}\n    {%- if message["role"] == "user" -%}\n'
+        '        {{- "User: " -}}\n        {%- for content in message["content"] -%}\n'
+        '            {%- if content["type"] == "image" -%}\n                {{ image_token }}\n'
+        '            {%- endif -%}\n        {%- endfor -%}\n        {%- for content in message["content"] -%}\n'
+        '            {%- if content["type"] == "text" -%}\n                {{ content["text"] }}\n'
+        '            {%- endif -%}\n        {%- endfor -%}\n        {{ "\\n" -}}\n'
+        '    {%- elif message["role"] == "assistant" -%}\n        {{- "Assistant: " -}}\n'
+        '        {%- for content in message["content"] -%}\n            {%- if content["type"] == "text" -%}\n'
+        '                {{ content["text"] }}\n            {%- endif -%}\n        {%- endfor -%}\n'
+        '        {{ eos_token -}}\n    {%- elif message["role"] == "system" -%}\n'
+        '        {%- for content in message["content"] -%}\n            {%- if content["type"] == "text" -%}\n'
+        '                {{ content["text"] + "\\n" }}\n            {%- endif -%}\n        {%- endfor -%}\n'
+        '    {%- endif -%}\n{%- endfor -%}\n'
+        '{%- if add_generation_prompt -%}\n    {{- "Assistant: " -}}\n{%- endif -%}'),
+     "<|IMAGE_PLACEHOLDER|>"),
+)
 QUANTIZED_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit")  # longest first: both end in -bnb-4bit
 TEXT_MODELS = ("models/tiny-chat", "models/tiny-llama")  # the first that exists; tiny-chat has chat tokens
 VISION_MODELS = ("models/tiny-vision",)
+# Families that neither stands in for, by a pattern of the model id: their own tiny model.
+FAMILY_MODELS = ((r"whisper", "models/tiny-whisper"),)
 
 
 def model_standin_names(model_ids: list[str]) -> list[str]:
@@ -51,9 +123,12 @@ def model_standin_names(model_ids: list[str]) -> list[str]:
     return sorted(names)
 
 
-def model_source(repo: Path, vision: bool) -> Path | None:
-    """The tiny model folder (config and tokenizer) to stand in for a notebook's models, or None if not built yet."""
-    candidates = VISION_MODELS if vision else TEXT_MODELS
+def model_source(repo: Path, vision: bool, model_ids: list[str] = ()) -> Path | None:
+    """The tiny model folder (config and tokenizer) to stand in for a notebook's models, or None if not built yet:
+    FAMILY_MODELS' for a model id of such a family, else a vision or text one."""
+    candidates = next(((name,) for pattern, name in FAMILY_MODELS
+                       if any(re.search(pattern, model_id.lower()) for model_id in model_ids)),
+                      VISION_MODELS if vision else TEXT_MODELS)
     return next((repo / name for name in candidates if (repo / name / "config.json").is_file()), None)
 
 
@@ -78,7 +153,9 @@ def _table() -> dict:
 
 
 def _template(name: str) -> str:
-    """The text of the table's template `name` ("" when the table has none)."""
+    """The text of the table's template `name`, or of OWN_TEMPLATES' ("" when neither has it)."""
+    if name in OWN_TEMPLATES:
+        return OWN_TEMPLATES[name]
     table = _table()
     entry = table["chat_templates"].get(name)
     return table["templates"].get(entry["template"], "") if isinstance(entry, dict) else ""
@@ -93,15 +170,21 @@ def family_template(model_ids: list[str]) -> str | None:
     return None
 
 
-def text_variant(source: Path, template_name: str, folder: Path) -> Path:
-    """A copy of the tiny chat model in `folder` whose tokenizer's chat template is the table's `template_name`."""
-    target = folder / f"{source.name}-{template_name}"
+def takes_text_parts(model_ids: list[str]) -> bool:
+    """Whether a model id is one of TEXT_PARTS_MODELS."""
+    return any(re.search(TEXT_PARTS_MODELS, model_id.lower()) for model_id in model_ids)
+
+
+def text_variant(source: Path, template_name: str, folder: Path, text_parts=False) -> Path:
+    """A copy of the tiny chat model in `folder` whose tokenizer's chat template is the table's `template_name`
+    (with `text_parts`, after TEXT_PARTS_PRELUDE)."""
+    target = folder / f"{source.name}-{template_name}{'-text-parts' if text_parts else ''}"
     if not target.is_dir():
         staging = _staging(target)
         for path in sorted(p for p in source.iterdir() if p.is_file()):
             shutil.copyfile(path, staging / path.name)
         config = json.loads((staging / "tokenizer_config.json").read_text(encoding="utf-8"))
-        config["chat_template"] = _template(template_name)
+        config["chat_template"] = (TEXT_PARTS_PRELUDE if text_parts else "") + _template(template_name)
         (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         staging.rename(target)
     return target
@@ -124,15 +207,45 @@ def image_token(template_names: list[str]) -> str | None:
     return None
 
 
-def vision_variant(source: Path, token: str, folder: Path) -> Path:
-    """A copy of the tiny vision model in `folder` with `token` in place of its image token (same id), made once."""
-    if token == TINY_IMAGE_TOKEN:
+def remote_code_variant(source: Path, auto_class: str, folder: Path) -> Path:
+    """A copy of the tiny vision model in `folder` that `auto_class` (AutoModelForCausalLM) loads with
+    `trust_remote_code=True`, through its config's `auto_map`, as the remote-code vision models that register only
+    that class do (ERNIE-4.5-VL, PaddleOCR-VL; Unsloth loads them with the notebook's `auto_model`)."""
+    target = folder / f"{source.name}-{auto_class}"
+    if not target.is_dir():
+        staging = _staging(target)
+        for path in sorted(p for p in source.iterdir() if p.is_file()):
+            shutil.copyfile(path, staging / path.name)
+        config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
+        config["auto_map"] = {auto_class: f"{REMOTE_MODULE}.{REMOTE_CLASS}"}
+        (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+        (staging / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE, encoding="utf-8")
+        staging.rename(target)
+    return target
+
+
+def own_vision_template(model_ids: list[str]) -> tuple[str, str, str] | None:
+    """`(name, template, image token)` of OWN_VISION_TEMPLATES for the first model id of such a family, else None."""
+    for model_id in model_ids:
+        for pattern, name, template, token in OWN_VISION_TEMPLATES:
+            if re.search(pattern, model_id.lower()):
+                return name, template, token
+    return None
+
+
+def vision_variant(source: Path, token: str, folder: Path, template: tuple[str, str] | None = None) -> Path:
+    """A copy of the tiny vision model in `folder` with `token` in place of its image token (same id), made once;
+    with `template` (name, text), whose chat template is that text."""
+    if token == TINY_IMAGE_TOKEN and template is None:
         return source
-    target = folder / f"{source.name}-{re.sub(r'[^A-Za-z0-9]+', '_', token).strip('_')}"
+    suffix = template[0] if template else re.sub(r'[^A-Za-z0-9]+', '_', token).strip('_')
+    target = folder / f"{source.name}-{suffix}"
     if not target.is_dir():
         staging = _staging(target)
         for path in sorted(p for p in source.iterdir() if p.is_file()):
             (staging / path.name).write_text(path.read_text(encoding="utf-8").replace(TINY_IMAGE_TOKEN, token),
                                              encoding="utf-8")
+        if template:
+            (staging / "chat_template.jinja").write_text(template[1], encoding="utf-8")
         staging.rename(target)
     return target

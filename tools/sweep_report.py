@@ -41,13 +41,14 @@ LIMITS = (
     (r"syntax error: f-string: ", "Python 3.12's grammar (this machine's Python is older)"),
     (re.escape(NO_NETWORK) + r"|LocalEntryNotFoundError|outgoing traffic has been disabled|Failed to resolve|"
      r"NameResolutionError|Max retries exceeded|ConnectionError|Temporary failure in name resolution|Network is unreachable|"
-     r"URLError|Name or service not known|Unable to find .https?://|Command '\['git', 'clone'",
+     r"URLError|Name or service not known|Unable to find .https?://|Command '\['git', 'clone'|"
+     r"No such file or directory: 'ollama'",  # the notebook's `curl https://ollama.com/install.sh | sh`
      "the network (a hub or web download)"),
     (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi|"
      r"CUDA-enabled PyTorch required|No GPU visible",
      "a GPU"),
     (r"save_pretrained_gguf|push_to_hub_gguf|llama\.cpp|save_pretrained_torchao", "Unsloth's GPU-only export"),
-    (r"trust_remote_code|add_image_preprocess", "the model's own code"),
+    (r"trust_remote_code|add_image_preprocess|Processor' object has no attribute 'eval'", "the model's own code"),
     # unsloth_zoo absent, or present and refusing to import without Unsloth (which needs a GPU)
     (r"No module named 'unsloth_zoo'|Please install Unsloth via `pip install unsloth`",
      "Unsloth itself (unsloth_zoo, which needs a GPU)"),

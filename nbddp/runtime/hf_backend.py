@@ -55,6 +55,11 @@ LANGUAGE_TAGS = ("language", "text")
 ATTENTION_TAGS = ("self_attn", "attention", "attn", "mixer")
 MLP_TAGS = ("mlp", "feed_forward", "ffn", "dense", "mixer")
 
+FAMILY_LOADERS = ("FastLlamaModel", "FastMistralModel", "FastQwen2Model", "FastQwen3Model", "FastQwen3MoeModel",
+                  "FastGraniteModel", "FastFalconH1Model")  # FastLanguageModel under unsloth/models/__init__.py's names
+
+DIFFUSION_MODEL_TYPES = ("diffusion_gemma", "diffusion_gemma4")  # unsloth/models/diffusion.py's
+
 VLLM_METHODS = ("fast_generate", "load_lora")  # what fast_inference=True gives an Unsloth model
 
 # `unsloth.trainer`'s names, which Unsloth also exports at the top (hf_trainer.py imports trl, so on first use).
@@ -86,7 +91,8 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     raise UsageError(
         f"unsloth.{name} is Unsloth's; nbddp's Transformers+PEFT fallback (--backend hf) has only "
-        f"FastLanguageModel, FastModel, FastVisionModel, {', '.join(TRAINER_NAMES)}, PatchDPOTrainer, "
+        f"FastLanguageModel, FastModel, FastVisionModel, FastTextModel, the per-family loaders ({', '.join(FAMILY_LOADERS)}), "
+        f"{', '.join(TRAINER_NAMES)}, PatchDPOTrainer, "
         "is_bfloat16_supported and is_bf16_supported. Replace it with its Transformers, PEFT or TRL equivalent, "
         "or run on a GPU with Unsloth installed (--backend unsloth)")
 
@@ -216,16 +222,23 @@ class FastModel:
         auto_model=None,
         **kwargs,
     ):
-        """Load `(model, processor)` (a tokenizer for a text-only model); `auto_model` overrides the model class."""
+        """Load `(model, processor)` (a tokenizer for a text-only model other than Whisper, which is given
+        `whisper_language` and `whisper_task`); `auto_model` overrides the model class."""
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
         from transformers import AutoProcessor, AutoTokenizer
 
         require_model(model_name)
+        _refuse_diffusion_models(model_name, token)
         config = AutoConfig.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
         vision = hasattr(config, "vision_config")
         model_class = auto_model or (AutoModelForImageTextToText if vision else AutoModelForCausalLM)
-        return _load(model_class, AutoProcessor if vision else AutoTokenizer, model_name, max_seq_length, dtype,
-                     load_in_4bit, load_in_8bit, device_map, full_finetuning, token, trust_remote_code, kwargs)
+        whisper = kwargs.get("whisper_language") is not None and kwargs.get("whisper_task") is not None
+        model, processor = _load(model_class, AutoProcessor if vision or whisper else AutoTokenizer, model_name,
+                                 max_seq_length, dtype, load_in_4bit, load_in_8bit, device_map, full_finetuning, token,
+                                 trust_remote_code, kwargs)
+        if whisper:  # as Unsloth loads Whisper: its processor, the tokenizer prefixing the language and task
+            processor.tokenizer.set_prefix_tokens(language=kwargs["whisper_language"], task=kwargs["whisper_task"])
+        return model, processor
 
     @staticmethod
     def get_peft_model(
@@ -263,6 +276,32 @@ class FastVisionModel(FastModel):
     """Unsloth's `FastVisionModel`: the same as FastModel."""
 
 
+FastTextModel = FastModel  # Unsloth's FastTextModel is FastModel too
+
+
+class FastLlamaModel(FastLanguageModel):
+    """Unsloth's per-family loaders (FastLlamaModel, FastQwen2Model, FastMistralModel, ...): FastLanguageModel's
+    API, whose `from_pretrained` takes `token` and `device_map` fifth and sixth (unsloth/models/llama.py)."""
+
+    @staticmethod
+    def from_pretrained(model_name="unsloth/llama-3-8b-bnb-4bit", max_seq_length=None, dtype=None, load_in_4bit=True,
+                        token=None, device_map=None, rope_scaling=None, fix_tokenizer=True, model_patcher=None,
+                        tokenizer_name=None, trust_remote_code=False, **kwargs):
+        if tokenizer_name not in (None, model_name):
+            raise UsageError(f"from_pretrained: tokenizer_name={tokenizer_name!r} differs from the model's "
+                             f"{model_name!r}, which nbddp's Transformers+PEFT fallback (--backend hf) does not "
+                             "load; save the tokenizer beside the model, or leave tokenizer_name out")
+        return FastLanguageModel.from_pretrained(
+            model_name, max_seq_length=max_seq_length, dtype=dtype,
+            load_in_4bit=load_in_4bit, token=token, device_map=device_map, trust_remote_code=trust_remote_code,
+            **kwargs)
+
+
+# unsloth/models/__init__.py's other per-family loaders: each FastLlamaModel with its own patches
+FastMistralModel = FastQwen2Model = FastQwen3Model = FastQwen3MoeModel = FastGraniteModel = FastFalconH1Model = \
+    FastLlamaModel
+
+
 def peft_target_regex(model, vision, language, attention, mlp, target_modules=None) -> str:
     """The PEFT `target_modules` regex for the selected layer families, as unsloth_zoo's `get_peft_regex` builds it.
 
@@ -297,9 +336,24 @@ def peft_target_regex(model, vision, language, attention, mlp, target_modules=No
     return regex
 
 
+def _refuse_diffusion_models(model_name, token) -> None:
+    """UsageError for a text-diffusion model, which Unsloth's FastModel hands to its FastDiffusionModel (its own
+    masked-diffusion loss, trainer and samplers: unsloth/models/diffusion*.py), and this fallback does not have."""
+    from transformers import PretrainedConfig
+
+    model_type = PretrainedConfig.get_config_dict(model_name, token=token)[0].get("model_type")
+    if model_type in DIFFUSION_MODEL_TYPES:
+        raise UsageError(
+            f"model {model_name!r} is a text-diffusion model ({model_type}), which Unsloth trains with its "
+            "FastDiffusionModel (its own diffusion loss, trainer and samplers); nbddp's Transformers+PEFT fallback "
+            "(--backend hf) trains autoregressive models only. Run on a GPU with Unsloth installed "
+            "(--backend unsloth), or pick an autoregressive model")
+
+
 def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_in_4bit, load_in_8bit, device_map,
           full_finetuning, token, trust_remote_code, kwargs):
-    """`(model, tokenizer or processor)` loaded for training: padding on the right, `model.max_seq_length` set."""
+    """`(model, tokenizer or processor)` loaded for training: padding on the right, `model.max_seq_length` set (to
+    the model's context length when None, as Unsloth's FastLlamaModel does)."""
     dtype = _resolve_dtype(dtype)
     options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
     if (load_in_4bit or load_in_8bit) and not full_finetuning:
@@ -318,12 +372,15 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     tokenizer.padding_side = "right"  # for training; for_inference switches it to left
+    if max_seq_length is None:
+        max_seq_length = model.config.get_text_config().max_position_embeddings
     tokenizer.model_max_length = max_seq_length
     model.max_seq_length = max_seq_length
     model.nbddp_tokenizer = tokenizer
     if hasattr(processor, "image_processor"):
         processor.__class__ = _takes_chats(type(processor))
-    model.generate = _takes_encoding_as_input_ids(model.generate)
+    if hasattr(model, "generate"):  # a classifier (auto_model=AutoModelForSequenceClassification) has none
+        model.generate = _takes_encoding_as_input_ids(model.generate)
     model.gradient_checkpointing_enable = _non_reentrant_by_default(model.gradient_checkpointing_enable)
     if kwargs.get("fast_inference"):
         for name in VLLM_METHODS:

@@ -21,9 +21,11 @@ answers only, with Unsloth 2026.10.9's signatures and results (unsloth/chat_temp
   TRL's collator pads a `labels` column as it is. Markers not given are read from the chat template, and
   `force_match=False` matches them loosely, as Unsloth does (nbddp/runtime/hf_chat_markers.py).
 
-Not here: datasets that the trainer left untokenized, vision collators, `mask_out_tokens`, Ollama Modelfiles and
-saving patches, and the other public names of Unsloth's module (`to_sharegpt`, the dataset-level
-`apply_chat_template`, ...); importing one is bad input that says what to do instead.
+`to_sharegpt`, the dataset-level `apply_chat_template` (with its Ollama Modelfile) and `remove_special_tokens` are
+in hf_sharegpt.py, and importable from here as from Unsloth's module.
+
+Not here: datasets that the trainer left untokenized, vision collators, `mask_out_tokens`, saving patches, and
+Unsloth's test helpers (`test_chat_templates`, ...); importing one is bad input that says what to do instead.
 """
 import itertools
 import json
@@ -38,19 +40,25 @@ CHAT_TEMPLATES = TABLE["chat_templates"]
 DEFAULT_MAPPING = {"role": "role", "content": "content", "user": "user", "assistant": "assistant"}
 IGNORE_INDEX = -100  # the label that cross-entropy skips
 
+# hf_sharegpt.py's names (it imports this module, so it is imported on first use).
+SHAREGPT_NAMES = ("to_sharegpt", "apply_chat_template", "remove_special_tokens", "construct_chat_template",
+                  "get_ollama_eos_tokens")
 # The rest of `unsloth.chat_templates`' public names.
-UNSLOTH_ONLY = ("to_sharegpt", "apply_chat_template", "remove_special_tokens", "test_chat_templates",
-                "test_hf_gguf_equivalence", "test_construct_chat_template")
+UNSLOTH_ONLY = ("test_chat_templates", "test_hf_gguf_equivalence", "test_construct_chat_template")
 
 
 def __getattr__(name):
     # `from unsloth.chat_templates import to_sharegpt` ends here (PEP 562); an error other than
     # AttributeError reaches the user as it is, instead of Python's bare "cannot import name".
+    if name in SHAREGPT_NAMES:
+        from nbddp.runtime import hf_sharegpt
+
+        return getattr(hf_sharegpt, name)
     if name in UNSLOTH_ONLY:
         raise UsageError(
-            f"unsloth.chat_templates.{name} is Unsloth's; nbddp's Transformers+PEFT fallback (--backend hf) has "
-            "get_chat_template, standardize_sharegpt, standardize_data_formats and train_on_responses_only. Build the "
-            "dataset's text with tokenizer.apply_chat_template, or run on a GPU with Unsloth installed (--backend unsloth)")
+            f"unsloth.chat_templates.{name} is Unsloth's test of its own templates against the hub's tokenizers; "
+            "nbddp's Transformers+PEFT fallback (--backend hf) does not have it. Leave the call out, or run on a GPU "
+            "with Unsloth installed (--backend unsloth)")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -4,7 +4,8 @@
 directory's content and the Transformers release (whose weight names can change: Llava's did in 5.0) and returns
 that path; any other name (a hub id, a directory with weights) comes back
 unchanged. So the example notebooks train a real, if tiny, model on machines that cannot reach a hub. A config
-with a `vision_config` (models/tiny-vision) is built as an image-text-to-text model, any other as a causal LM.
+with a `vision_config` (models/tiny-vision) is built as an image-text-to-text model, a speech model's
+(models/tiny-whisper) as a speech-to-text model, any other as a causal LM.
 """
 import hashlib
 import os
@@ -50,7 +51,8 @@ def _build(source: Path, target: Path) -> None:
     Ranks that race here each build the same weights; the first rename wins and the others discard theirs.
     """
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -58,7 +60,9 @@ def _build(source: Path, target: Path) -> None:
         with torch.random.fork_rng(devices=[]):  # seed without disturbing the caller's random state
             torch.manual_seed(0)
             config = AutoConfig.from_pretrained(source)
-            auto_class = AutoModelForImageTextToText if hasattr(config, "vision_config") else AutoModelForCausalLM
+            auto_class = (AutoModelForImageTextToText if hasattr(config, "vision_config") else
+                          AutoModelForSpeechSeq2Seq if config.model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+                          else AutoModelForCausalLM)
             model = auto_class.from_config(config, dtype=torch.float32)
         # Transformers 5 writes nothing on a rank other than 0 of a process group (should_save_on_this_rank), and
         # any rank may build here: the second machine's first rank, or every rank of a notebook without a guard.

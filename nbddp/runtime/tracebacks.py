@@ -33,7 +33,8 @@ from nbddp.runtime import sourcemap
 HINTS = (
     ("Expected to have finished reduction in the prior iteration",
      "under DDP every trainable parameter must get a gradient in every step, and some of this model's get none "
-     "(nbddp already runs DDP with static_graph=True for a vision or audio tower's adapters). Leave them out of "
+     "(nbddp already wraps the model for a vision or audio tower's adapters: static_graph=True, or "
+     "find_unused_parameters=True with gradient accumulation). Leave them out of "
      "get_peft_model's target_modules, or let DDP look for them in every step (--set "
      "ddp_find_unused_parameters=true; slower, and re-entrant gradient checkpointing may refuse it)"),
 )

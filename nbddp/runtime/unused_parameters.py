@@ -1,22 +1,26 @@
-"""DDP with `static_graph=True` for a multimodal model whose tower adapters may get no gradient.
+"""DDP settings for a multimodal model whose tower adapters may get no gradient: a static graph, or the search.
 
 Unsloth's notebooks often put LoRA on every `q_proj`, ... of a vision-language model (an explicit
 `target_modules` list, or `finetune_vision_layers` left True), then train it on text: Gemma 4's and Ministral 3's
 GRPO notebooks do. The vision (or audio) tower's adapters then never get a gradient. One process does not mind
 (the optimizer skips them); DDP with `find_unused_parameters=False`, which nbddp sets because re-entrant
 checkpointing (Unsloth's) refuses the search, fails at step 2 ("Expected to have finished reduction in the prior
-iteration"). `static_graph=True` is DDP's answer: it finds the unused parameters in the first step, leaves them out
-of every later all-reduce, and supports re-entrant checkpointing with unused parameters (torch's
-DistributedDataParallel docs). It assumes that the same parameters go unused in every step, which holds for a
-tower that all rows use or none does.
+iteration").
 
-`patch_trainer(Trainer)` turns it on for a trainer whose model has trainable parameters outside its language
-model, unless the author set `ddp_static_graph` (Transformers 5's argument), and only while the trainer
-accumulates no gradients (`gradient_accumulation_steps` 1 when it prepares the model, after the batch layout):
-static graphs and `no_sync()` fail in torch (the first backward hits "expect_autograd_hooks_ INTERNAL ASSERT
-FAILED", pytorch#143580; the fix, pytorch PR 187732, is open). With accumulation the model is wrapped as before,
-which is right for a tower that every step uses (a vision notebook's images); one that goes unused still stops at
-step 2, where the traceback hint says what to do.
+`patch_trainer(Trainer)` changes that for a trainer whose model has trainable parameters outside its language
+model, unless the author set `ddp_static_graph` (Transformers 5's argument), by the trainer's
+`gradient_accumulation_steps` when it prepares the model (after the batch layout):
+
+- 1: `static_graph=True`, DDP's answer: it finds the unused parameters in the first step, leaves them out of every
+  later all-reduce, and supports re-entrant checkpointing with unused parameters (torch's DistributedDataParallel
+  docs). It assumes that the same parameters go unused in every step, which holds for a tower that all rows use or
+  none does.
+- more: `find_unused_parameters=True`, which DDP supports under `no_sync()` (the accumulation steps), where static
+  graphs fail ("expect_autograd_hooks_ INTERNAL ASSERT FAILED", pytorch#143580; the fix, pytorch PR 187732, is
+  open). It searches the autograd graph after every forward (slower) and refuses re-entrant checkpointing, which the
+  Transformers+PEFT fallback does not use (non-reentrant by default) and Unsloth's "unsloth" mode may.
+
+Rank 0 prints one line saying which and why.
 """
 import functools
 
@@ -24,9 +28,9 @@ MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
 
 
 def patch_trainer(trainer_class) -> None:
-    """Make `trainer_class.__init__` choose static-graph DDP for the models described above; twice is once."""
+    """Make `trainer_class.__init__` choose DDP's settings for the models described above; twice is once."""
     original = trainer_class.__init__
-    if getattr(original, "nbddp_static_graph", False):
+    if getattr(original, "nbddp_unused_parameters", False):
         return
 
     @functools.wraps(original)
@@ -35,9 +39,9 @@ def patch_trainer(trainer_class) -> None:
         if getattr(self.args, "ddp_static_graph", None) is None:
             outside = trainable_outside_language_model(self.model)
             if outside:
-                use_static_graph(self, outside)
+                wrap_for_unused_parameters(self, outside)
 
-    __init__.nbddp_static_graph = True
+    __init__.nbddp_unused_parameters = True
     trainer_class.__init__ = __init__
 
 
@@ -55,11 +59,12 @@ def trainable_outside_language_model(model) -> list[str]:
     return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
 
 
-def use_static_graph(trainer, outside: list[str]) -> None:
+def wrap_for_unused_parameters(trainer, outside: list[str]) -> None:
     """Have `trainer`'s accelerator wrap the model in DDP, if it does, with `static_graph=True` when the trainer
-    accumulates no gradients, and say so on rank 0. Set as `prepare_model` runs: Transformers 4.x replaces the
-    accelerator's DDP settings (`ddp_handler`) just before it prepares the model, and `--batch_layout auto` sets
-    the accumulation at train(). (accelerate wraps one process that torchrun started in DDP too.)"""
+    accumulates no gradients, else with `find_unused_parameters=True`, and say which on rank 0. Set as
+    `prepare_model` runs: Transformers 4.x replaces the accelerator's DDP settings (`ddp_handler`) just before it
+    prepares the model, and `--batch_layout auto` sets the accumulation at train(). (accelerate wraps one process
+    that torchrun started in DDP too.)"""
     from accelerate.utils import DistributedDataParallelKwargs
     from torch.nn.parallel import DistributedDataParallel
 
@@ -67,18 +72,23 @@ def use_static_graph(trainer, outside: list[str]) -> None:
     prepare_model = accelerator.prepare_model
 
     @functools.wraps(prepare_model)
-    def prepare_static(*args, **kwargs):
-        if trainer.args.gradient_accumulation_steps != 1:
-            return prepare_model(*args, **kwargs)
+    def prepare(*args, **kwargs):
+        accumulation = trainer.args.gradient_accumulation_steps
         if accelerator.ddp_handler is None:
-            accelerator.ddp_handler = DistributedDataParallelKwargs(static_graph=True)
-        else:
+            accelerator.ddp_handler = DistributedDataParallelKwargs()
+        if accumulation == 1:
             accelerator.ddp_handler.static_graph = True
+            how = ("static_graph=True, so those that get no gradient (a vision tower trained on text) are left out of "
+                   "the all-reduce after step 1")
+        else:
+            accelerator.ddp_handler.find_unused_parameters = True
+            how = (f"find_unused_parameters=True, so those that get no gradient (a vision tower trained on text) are "
+                   f"found in every step; not static_graph, which torch fails under gradient accumulation "
+                   f"({accumulation} steps here; pytorch#143580)")
         model = prepare_model(*args, **kwargs)
         if isinstance(model, DistributedDataParallel) and accelerator.is_main_process:
             print(f"nbddp: {len(outside)} trainable tensors lie outside the language model ({outside[0]}, ...): DDP "
-                  "runs with static_graph=True, so those that get no gradient (a vision tower trained on text) are "
-                  "left out of the all-reduce after step 1", flush=True)
+                  f"runs with {how}", flush=True)
         return model
 
-    accelerator.prepare_model = prepare_static
+    accelerator.prepare_model = prepare

@@ -159,9 +159,38 @@ def test_unsloths_other_names():
     assert hf_backend.train_on_responses_only is hf_backend.chat_templates.train_on_responses_only
 
 
+def test_the_per_family_loaders_are_fast_language_model_with_unsloths_positional_order(tiny_model_path):
+    """unsloth.FastQwen2Model & co. (the Tool_Calling notebook): FastLlamaModel's from_pretrained, whose fifth
+    argument is `token`; max_seq_length=None is the model's context length."""
+    from nbddp.runtime.hf_backend import FastLlamaModel, FastMistralModel, FastQwen2Model, FastTextModel
+
+    assert FastQwen2Model is FastMistralModel is FastLlamaModel and issubclass(FastLlamaModel, FastLanguageModel)
+    assert FastTextModel is FastModel
+    model, tokenizer = FastQwen2Model.from_pretrained(tiny_model_path, None, None, False, None)
+    assert model.max_seq_length == tokenizer.model_max_length == model.config.max_position_embeddings
+    model = FastQwen2Model.get_peft_model(model, r=4, target_modules=["q_proj", "v_proj"])
+    assert any("lora_" in name for name, _ in model.named_parameters())
+
+
+def test_a_classifier_loads_through_auto_model(tiny_model_path):
+    """bert_classification: FastModel with auto_model=AutoModelForSequenceClassification, which cannot generate."""
+    from transformers import AutoModelForSequenceClassification
+
+    model, _ = FastModel.from_pretrained(tiny_model_path, auto_model=AutoModelForSequenceClassification,
+                                         num_labels=6, full_finetuning=True, load_in_4bit=False)
+    assert type(model).__name__.endswith("ForSequenceClassification") and model.config.num_labels == 6
+
+
+def test_a_diffusion_model_is_refused_with_what_to_do(tmp_path):
+    """Unsloth's FastModel routes DiffusionGemma to FastDiffusionModel, which the fallback lacks."""
+    (tmp_path / "config.json").write_text('{"model_type": "diffusion_gemma", "canvas_length": 256}')
+    with pytest.raises(UsageError, match=r"text-diffusion model \(diffusion_gemma\).*--backend unsloth"):
+        FastModel.from_pretrained(str(tmp_path))
+
+
 def test_a_name_the_fallback_lacks_is_named_with_the_fix():
-    with pytest.raises(UsageError, match=r"unsloth\.FastQwen2Model is Unsloth's; .*\(--backend unsloth\)"):
-        from nbddp.runtime.hf_backend import FastQwen2Model  # noqa: F401
+    with pytest.raises(UsageError, match=r"unsloth\.FastDecisionModel is Unsloth's; .*\(--backend unsloth\)"):
+        from nbddp.runtime.hf_backend import FastDecisionModel  # noqa: F401
     with pytest.raises(UsageError, match=r"FastSentenceTransformer .* sentence_transformers"):
         from nbddp.runtime.hf_backend import FastSentenceTransformer  # noqa: F401
     assert not hasattr(hf_backend, "__path__")  # what the import system asks stays an AttributeError

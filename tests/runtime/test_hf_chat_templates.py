@@ -146,8 +146,8 @@ def test_return_function_gives_the_batch_function(trainer):
 
 
 def test_unsloths_other_chat_template_helpers_are_bad_input_that_says_what_to_do(hf_backend_active):
-    with pytest.raises(UsageError, match="unsloth.chat_templates.to_sharegpt is Unsloth's; .*tokenizer.apply_chat_template"):
-        from unsloth.chat_templates import to_sharegpt  # noqa: F401
+    with pytest.raises(UsageError, match="unsloth.chat_templates.test_chat_templates is Unsloth's test .*Leave the call"):
+        from unsloth.chat_templates import test_chat_templates  # noqa: F401
     with pytest.raises(ImportError, match="cannot import name 'no_such_helper'"):
         from unsloth.chat_templates import no_such_helper  # noqa: F401
 

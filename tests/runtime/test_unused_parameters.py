@@ -1,6 +1,6 @@
 """unused_parameters: which parameters lie outside the language model (unit), and the tiny vision model with LoRA on
-its vision tower, trained on text by 2 gloo processes: DDP stops at step 2 without the patch, and with it the losses
-are those of 1 process at the same global batch."""
+its vision tower, trained on text by 2 gloo processes, without gradient accumulation and with it: DDP stops without
+the patch, and with it the losses are those of 1 process at the same global batch."""
 import json
 import os
 import subprocess
@@ -25,7 +25,7 @@ import torch
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 if sys.argv[2] == "unpatched":
-    assert Trainer.__init__.nbddp_static_graph  # the outermost wrapper of __init__ is unused_parameters'
+    assert Trainer.__init__.nbddp_unused_parameters  # the outermost wrapper of __init__ is unused_parameters'
     Trainer.__init__ = Trainer.__init__.__wrapped__
 model, processor = FastVisionModel.from_pretrained(sys.argv[1], load_in_4bit=False)
 model = FastVisionModel.get_peft_model(model, r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"],
@@ -33,8 +33,9 @@ model = FastVisionModel.get_peft_model(model, r=4, lora_alpha=4, target_modules=
 tokenizer = processor.tokenizer
 rows = [tokenizer(f"row {i}: " + "abc " * (i % 5 + 1)) for i in range(16)]
 dataset = Dataset.from_list([{"input_ids": r["input_ids"], "labels": r["input_ids"]} for r in rows])
-per_device = int(sys.argv[3])
+per_device, accumulation = int(sys.argv[3]), int(sys.argv[5])
 args = TrainingArguments(output_dir=sys.argv[4], per_device_train_batch_size=per_device, max_steps=3,
+                         gradient_accumulation_steps=accumulation,
                          learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True, save_strategy="no",
                          ddp_find_unused_parameters=False, seed=0, data_seed=0)
 
@@ -79,45 +80,48 @@ def test_language_only_adapters_and_text_models_have_none(tiny_vision):
     assert trainable_outside_language_model(FastLanguageModel.get_peft_model(model, r=4)) == []
 
 
-def train(tmp_path, tiny_vision, nproc, variant):
+def train(tmp_path, tiny_vision, nproc, variant, accumulation):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": os.pathsep.join(
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     per_device = str(2 // nproc)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-               str(script), tiny_vision, variant, per_device, str(tmp_path / f"out-{nproc}-{variant}")]
+               str(script), tiny_vision, variant, per_device, str(tmp_path / f"out-{nproc}-{variant}"),
+               str(accumulation)]
     result = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     losses = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines() if line.startswith("LOSS ")]
     return result, losses
 
 
 @pytest.mark.e2e
-def test_two_processes_train_a_vision_model_on_text_as_one_does(tmp_path, tiny_vision):
-    unpatched, _ = train(tmp_path, tiny_vision, 2, "unpatched")
+@pytest.mark.parametrize("accumulation, chosen", [(1, "static_graph=True"), (2, "find_unused_parameters=True")])
+def test_two_processes_train_a_vision_model_on_text_as_one_does(tmp_path, tiny_vision, accumulation, chosen):
+    unpatched, _ = train(tmp_path, tiny_vision, 2, "unpatched", accumulation)
     assert unpatched.returncode != 0
     assert "Expected to have finished reduction in the prior iteration" in unpatched.stderr
 
-    one, one_losses = train(tmp_path, tiny_vision, 1, "patched")
-    two, two_losses = train(tmp_path, tiny_vision, 2, "patched")
+    one, one_losses = train(tmp_path, tiny_vision, 1, "patched", accumulation)
+    two, two_losses = train(tmp_path, tiny_vision, 2, "patched", accumulation)
     assert one.returncode == 0 and two.returncode == 0, one.stderr[-3000:] + two.stderr[-3000:]
-    assert two.stdout.count("DDP runs with static_graph=True") == 1
+    assert two.stdout.count(f"DDP runs with {chosen}") == 1
     assert len(one_losses) == len(two_losses) == 3
     assert two_losses == pytest.approx(one_losses, abs=1e-5)
 
 
-@pytest.mark.parametrize("accumulation, static", [(1, True), (2, False)])
-def test_static_graph_only_without_gradient_accumulation(accumulation, static):
+@pytest.mark.parametrize("accumulation, static, search", [(1, True, False), (2, False, True)])
+def test_static_graph_without_gradient_accumulation_else_the_search(accumulation, static, search):
     """torch fails a static graph under no_sync() (pytorch#143580), which gradient accumulation uses."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedDataParallelKwargs
 
-    from nbddp.runtime.unused_parameters import use_static_graph
+    from nbddp.runtime.unused_parameters import wrap_for_unused_parameters
 
     accelerator = SimpleNamespace(ddp_handler=DistributedDataParallelKwargs(), is_main_process=True,
                                   prepare_model=lambda model: model)
     trainer = SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(gradient_accumulation_steps=accumulation))
-    use_static_graph(trainer, ["model.vision_tower.q_proj.lora_A.default.weight"])
+    wrap_for_unused_parameters(trainer, ["model.vision_tower.q_proj.lora_A.default.weight"])
     assert accelerator.prepare_model("model") == "model"
     assert accelerator.ddp_handler.static_graph is static
+    assert accelerator.ddp_handler.find_unused_parameters is search

@@ -102,3 +102,10 @@ def test_dataset_ids_leave_out_builders(facts_of):
 def test_a_cell_that_does_not_parse_leaves_the_others_read(facts_of):
     facts = facts_of(LOAD, "def broken(:\n    pass\n", SFT, TRAIN)
     assert "SFTTrainer" in facts.calls and facts.trains_with_a_trainer()
+
+
+def test_the_auto_model_classes_a_loader_is_given(facts_of):
+    facts = facts_of('model, tokenizer = FastVisionModel.from_pretrained("unsloth/PaddleOCR-VL", '
+                     'auto_model = AutoModelForCausalLM, trust_remote_code = True)\n'
+                     'other = FastModel.from_pretrained("x/y", auto_model = transformers.AutoModelForCausalLM)\n')
+    assert facts.auto_models == ["AutoModelForCausalLM", "transformers.AutoModelForCausalLM"]

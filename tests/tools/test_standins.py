@@ -1,5 +1,6 @@
 """tools/standins.py and tools/standin_datasets.py: folders named like hub ids, which load like the hub's."""
 import os
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,80 @@ def test_a_model_family_gets_its_template_from_the_table_and_functiongemma_keeps
     # FunctionGemma's own template takes tool calls and roles that Gemma 3's refuses
     assert standins.family_template(["unsloth/functiongemma-270m-it"]) is None
     assert standins.family_template(["some/unknown-model"]) is None
+
+
+TINY_CHAT = Path(__file__).resolve().parents[2] / "models" / "tiny-chat"
+
+
+def test_ernie_gets_its_own_tokenizers_template_which_the_table_lacks(tmp_path):
+    from transformers import AutoTokenizer
+
+    assert standins.family_template(["unsloth/ERNIE-4.5-21B-A3B-PT"]) == "ernie-4.5"
+    tokenizer = AutoTokenizer.from_pretrained(standins.text_variant(TINY_CHAT, "ernie-4.5", tmp_path))
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Q"}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
+        "<|begin_of_sentence|>User: Hi\nAssistant: Hello<|end_of_sentence|>User: Q\nAssistant: ")
+
+
+def test_a_multimodal_models_stand_in_renders_text_parts_as_its_own_template_does(tmp_path):
+    from transformers import AutoTokenizer
+
+    assert standins.takes_text_parts(["unsloth/Qwen3.5-27B"])
+    assert standins.takes_text_parts(["unsloth/Magistral-Small-2509-unsloth-bnb-4bit"])
+    assert not standins.takes_text_parts(["unsloth/Qwen3-4B", "unsloth/Magistral-Small-2506"])
+    for family in ("qwen-3", "mistral"):
+        tokenizer = AutoTokenizer.from_pretrained(standins.text_variant(TINY_CHAT, family, tmp_path, text_parts=True))
+        parts = [{"role": "user", "content": [{"type": "text", "text": "Solve "}, {"type": "text", "text": "x."}]}]
+        text = [{"role": "user", "content": "Solve x."}, {"role": "assistant", "content": "1"}]
+        assert tokenizer.apply_chat_template(parts, tokenize=False, add_generation_prompt=True) == \
+            tokenizer.apply_chat_template(text[:1], tokenize=False, add_generation_prompt=True)
+        plain = AutoTokenizer.from_pretrained(standins.text_variant(TINY_CHAT, family, tmp_path))
+        assert tokenizer.apply_chat_template(text, tokenize=False) == plain.apply_chat_template(text, tokenize=False)
+
+
+def test_a_remote_code_vision_models_stand_in_loads_with_auto_model_for_causal_lm(tmp_path, monkeypatch):
+    """ERNIE-4.5-VL and PaddleOCR-VL register only AutoModelForCausalLM, which their notebooks pass as auto_model."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    source = model_source(Path(__file__).resolve().parents[2], vision=True)
+    folder = ensure_weights(str(standins.remote_code_variant(source, "AutoModelForCausalLM", tmp_path)))
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    assert type(model).__name__ == standins.REMOTE_CLASS and hasattr(model.config, "vision_config")
+
+
+def test_paddleocr_vl_gets_its_processors_template_whose_answers_train_on_responses_only_finds(tmp_path, monkeypatch):
+    """Its notebook masks all but the answers with instruction_part="User:", response_part="\\nAssistant:"."""
+    from PIL import Image
+    from transformers import AutoProcessor
+
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
+    from nbddp.runtime.hf_backend import FastVisionModel
+    from nbddp.runtime.hf_vision import UnslothVisionDataCollator
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    name, template, token = standins.own_vision_template(["unsloth/PaddleOCR-VL"])
+    assert standins.own_vision_template(["unsloth/Qwen2.5-VL-7B-Instruct"]) is None
+    source = model_source(Path(__file__).resolve().parents[2], vision=True)
+    folder = ensure_weights(str(standins.vision_variant(source, token, tmp_path, (name, template))))
+    processor = AutoProcessor.from_pretrained(folder)
+    chat = [{"role": "user", "content": [{"type": "text", "text": "OCR:"}, {"type": "image"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "x^2"}]}]
+    for render in (processor.apply_chat_template, processor.tokenizer.apply_chat_template):
+        assert render(chat, tokenize=False) == ("<|begin_of_sentence|>User: <|IMAGE_START|><|IMAGE_PLACEHOLDER|>"
+                                                "<|IMAGE_END|>OCR:\nAssistant: x^2<|end|>")
+    model, processor = FastVisionModel.from_pretrained(folder, load_in_4bit=False)
+    collator = UnslothVisionDataCollator(model, processor, train_on_responses_only=True, instruction_part="User:",
+                                         response_part="\nAssistant:")
+    chat[0]["content"][1]["image"] = Image.new("RGB", (32, 32))
+    labels = collator([{"messages": chat}])["labels"][0]
+    assert processor.tokenizer.decode(labels[labels != -100]) == " x^2<|end|>"
+
+
+def test_whisper_gets_the_tiny_whisper():
+    repo = Path(__file__).resolve().parents[2]
+    assert model_source(repo, vision=False, model_ids=["unsloth/whisper-large-v3"]) == repo / "models" / "tiny-whisper"
+    assert model_source(repo, vision=False, model_ids=["unsloth/Llama-3.2-1B"]) == repo / "models" / "tiny-chat"

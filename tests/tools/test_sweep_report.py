@@ -71,6 +71,10 @@ def test_limit_names_what_the_sandbox_lacks_and_nothing_for_nbddps_own_failures(
     assert limit("ModuleNotFoundError: No module named 'vllm'") == "a package outside the tested stacks"
     assert limit("huggingface_hub.errors.LocalEntryNotFoundError: Cannot find ...") == "the network (a hub or web download)"
     assert limit("RuntimeError: sglang needs an NVIDIA GPU, and this session has none.") == "a GPU"
+    assert limit("ImportError: To support decoding audio data, please install 'torchcodec'. "  # Whisper.ipynb's
+                 "[01_nb.ipynb, cell 10, line 26]") == "an audio decoder"
+    assert limit("FileNotFoundError: [Errno 2] No such file or directory: 'ollama' [01_nb.ipynb, cell 44, line 6]") \
+        == "the network (a hub or web download)"  # installed by the notebook from ollama.com
     assert limit("AssertionError: 5.17.0 [01_nb.ipynb, cell 8, line 6]") == "the exact version the notebook asserts"
     assert limit("AssertionError: expected 3 rows [01_nb.ipynb, cell 8, line 6]") is None
     assert limit("ModuleNotFoundError: No module named 'nbddp.runtime.oops'") is None
