@@ -127,3 +127,45 @@ def test_markdown_cell_is_kept_as_markdown():
     generated = export_text_cell(cell("# Title\n\nSome text.\n", cell_type="markdown", number=1))
     assert (generated.cell_type, generated.source, generated.title) == ("markdown", "# Title\n\nSome text.", "02_train.ipynb cell 1")
     assert [origin[2] for origin in generated.origin] == [1, 2, 3]
+
+
+def test_a_markdown_cell_over_dropped_cells_only_is_dropped_with_them():
+    from nbddp.export.exporter import ORPHAN_NOTE, assemble_cells
+    from nbddp.export.notebooks import Stage
+
+    def stage_cell(number, source, *tags, cell_type="code"):
+        return SourceCell(CellLocation("notebooks/01_data.ipynb", number), cell_type, source, frozenset(tags))
+
+    cells = (
+        stage_cell(1, "# Intro", cell_type="markdown"),  # over a notebook-only cell and the parameters: kept
+        stage_cell(2, "from nbddp import runtime", "notebook-only"),
+        stage_cell(3, "rows = 1", "parameters"),
+        stage_cell(4, "## Plot", cell_type="markdown"),  # over a notebook-only cell only: dropped
+        stage_cell(5, "plot()", "notebook-only"),
+        stage_cell(6, "## Train", cell_type="markdown"),  # nothing between it and the next heading: kept
+        stage_cell(7, "### Steps", cell_type="markdown"),
+        stage_cell(8, "x = rows"),
+        stage_cell(9, "## Parameters", cell_type="markdown"),  # over papermill's cell only: dropped
+        stage_cell(10, "rows = 2", "injected-parameters"),
+    )
+    generated, report = assemble_cells([Stage("notebooks/01_data.ipynb", cells, "a" * 64)])
+    titles = [cell.title for cell in generated]
+    assert titles == [None, "nbddp setup", *(f"01_data.ipynb cell {n}" for n in (1, 6, 7, 8)), "nbddp teardown"]
+    assert [str(entry) for entry in report.entries if "cell 4" in str(entry) or "cell 9" in str(entry)] == [
+        f"notebooks/01_data.ipynb, cell 4: {ORPHAN_NOTE}",
+        f"notebooks/01_data.ipynb, cell 9: {ORPHAN_NOTE}",
+    ]
+    assert [entry.location.cell for entry in report.entries] == sorted(entry.location.cell for entry in report.entries)
+    assert report.cells == 4
+
+
+def test_a_dropped_comment_is_cut_short_at_its_final_indentation():
+    pip = "!pip install --no-deps bitsandbytes accelerate xformers==0.0.29.post3 peft trl triton"
+    generated, _ = export_code_cell(cell(f"if x:\n    {pip}\nelse:\n    {pip}\n    !pip install unsloth", "rank0"),
+                                    STAGES)
+    lines = generated.source.splitlines()
+    assert lines[:2] == ["if ddp.is_main_process:", "    if x:"]
+    assert lines[2] == f"        pass  # nbddp: dropped {pip}"  # 115 characters: as it is
+    assert lines[3:5] == ["    else:", "        pass  # nbddp: dropped 2 lines: !pip install --no-deps bitsandbytes "
+                                        "accelerate xformers==0.0.29.post3 peft …"]
+    assert all(len(line) <= 120 for line in lines) and len(lines) == len(generated.origin)

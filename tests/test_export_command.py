@@ -1,4 +1,5 @@
 """`python pipeline.py export` end to end on a small 2-stage pipeline built in tmp_path."""
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -37,9 +38,7 @@ def test_export_writes_the_script_and_reports_what_it_did(project, capsys):
     compile(text, "generated/train.py", "exec")
     assert "print(records[:2])" not in text  # notebook-only
     assert '# %% tags=["parameters"]\n# 01_data.ipynb\nrows = 8  # how many examples\n' in text
-    assert 'runtime.apply_flags(globals(), defined_in={"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb", "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"})' in text
-    assert ('ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, workdir=workdir,\n'
-            '                    script=globals().get("__file__"))') in text
+    assert "\n# %% nbddp setup\nfrom nbddp import runtime\nddp = runtime.setup(globals())\n\n# %% 01_data.ipynb" in text
     assert text.endswith("# %% nbddp teardown\nddp.shutdown()\n")
 
 
@@ -128,6 +127,35 @@ def test_hand_edited_script_is_refused_unless_forced(project, capsys):
     assert export("--force") == 0
     assert "total = 0" in script.read_text()
     assert export("--check") == 0
+
+
+def test_the_source_map_records_the_hashes_the_header_no_longer_holds(project, capsys):
+    assert export() == 0
+    script, sourcemap = project / "generated" / "train.py", project / "generated" / "train.sourcemap.json"
+    recorded = json.loads(sourcemap.read_text())
+    assert recorded["script_sha256"] == hashlib.sha256(script.read_bytes()).hexdigest()
+    assert sorted(recorded["notebooks"]) == ["notebooks/01_data.ipynb", "notebooks/02_train.ipynb"]
+    assert "sha256" not in script.read_text()
+
+    # a change to a cell the script leaves out changes no line of it, but the map: export --check sees it
+    write_stage(project / "notebooks", "01_data.ipynb", [
+        *nbformat.read(project / "notebooks" / "01_data.ipynb", as_version=4).cells[:3],
+        code("print(records[:3])", "notebook-only"),
+        *nbformat.read(project / "notebooks" / "01_data.ipynb", as_version=4).cells[4:],
+    ])
+    capsys.readouterr()
+    assert export("--check") == 1
+    stale = capsys.readouterr().err.splitlines()[1:]
+    assert stale == ["  generated/train.sourcemap.json differs from what export writes"]
+
+    # an edit of the header is an edit too, and so is a script whose map is gone
+    assert export() == 0
+    script.write_text(script.read_text().replace("Do not edit", "Edit"))
+    assert export() == 2
+    assert export("--force") == 0
+    sourcemap.unlink()
+    assert export() == 2
+    assert "generated/train.py was edited by hand" in capsys.readouterr().err
 
 
 def _break(notebooks, how):

@@ -4,10 +4,19 @@ from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.parameters import merge_parameters, read_parameters
 from nbddp.export.rewrites.base import CellLocation
+from nbddp.runtime import flags
 
 
 def parameters_cell(notebook, number, source):
     return SourceCell(CellLocation(f"notebooks/{notebook}", number), "code", source, frozenset({"parameters"}))
+
+
+def read_by_the_runtime(merged, tmp_path):
+    """{name: notebook} as the runtime reads it for --help from the merged cell, in a script as export writes it."""
+    script = tmp_path / "train.py"
+    script.write_text(f"# %% [markdown]\n# header\n\n{flags.PARAMETERS_MARKER}\n{merged.source}\n\n"
+                      "# %% nbddp setup\nfrom nbddp import runtime\n")
+    return flags.defined_in(str(script))
 
 
 def test_literal_assignments_are_read_with_their_values_and_lines():
@@ -44,7 +53,7 @@ def test_a_name_the_script_uses_itself_is_an_error(name):
         read_parameters(parameters_cell("01_data.ipynb", 1, f"{name} = 'hf'\n"))
 
 
-def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
+def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters(tmp_path):
     merged = merge_parameters([
         parameters_cell("01_data.ipynb", 2, "rows = 8  # how many\n\n# seed for shuffling\nseed = 0"),
         parameters_cell("02_train.ipynb", 1, "lr = 1e-3"),
@@ -75,18 +84,19 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters():
         None,
         None,
     ]
-    assert merged.defined_in == {"rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb",
-                                 "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+    assert read_by_the_runtime(merged, tmp_path) == {
+        "rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb",
+        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
 
 
-def test_same_name_with_the_same_default_is_merged_once():
+def test_same_name_with_the_same_default_is_merged_once(tmp_path):
     merged = merge_parameters([
         parameters_cell("01_data.ipynb", 1, "seed = 0"),
         parameters_cell("02_train.ipynb", 1, "# the seed again\nseed: int = 0\nlr = 0.1"),
     ])
     assert merged.source.count("seed") == 1
     assert "# the seed again" not in merged.source
-    assert merged.defined_in["seed"] == "01_data.ipynb"
+    assert read_by_the_runtime(merged, tmp_path)["seed"] == "01_data.ipynb"
     assert "lr = 0.1" in merged.source
 
 
@@ -105,7 +115,7 @@ def test_equal_values_of_different_types_are_different_defaults():
         merge_parameters([parameters_cell("01_a.ipynb", 1, "x = 1"), parameters_cell("02_b.ipynb", 1, "x = 1.0")])
 
 
-def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_and_workdir():
+def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_and_workdir(tmp_path):
     merged = merge_parameters([])
     assert merged.source.splitlines() == [
         "# nbddp",
@@ -114,4 +124,22 @@ def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_and_wo
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
         'workdir = "."  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
-    assert merged.defined_in == {"backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+    assert read_by_the_runtime(merged, tmp_path) == {
+        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+
+
+def test_the_runtime_reads_multi_line_defaults_and_takes_no_comment_of_the_author_for_a_notebook(tmp_path):
+    merged = merge_parameters([
+        parameters_cell("01_data.ipynb", 2,
+                        "# as in colab.ipynb\nnames = [\n'a',\nNone,\n]\n# see 02_train.ipynb\nrows = 1"),
+        parameters_cell("02_train.ipynb", 1, "lr: float = 1e-3"),
+    ])
+    assert read_by_the_runtime(merged, tmp_path) == {
+        "names": "01_data.ipynb", "rows": "01_data.ipynb", "lr": "02_train.ipynb",
+        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+
+
+def test_the_runtime_reads_no_parameters_without_a_script_or_a_parameters_cell(tmp_path):
+    assert flags.defined_in(None) == {} and flags.defined_in(str(tmp_path / "missing.py")) == {}
+    (tmp_path / "plain.py").write_text("rows = 1\n")
+    assert flags.defined_in(str(tmp_path / "plain.py")) == {}

@@ -1,9 +1,12 @@
+import hashlib
 import json
 
 from nbddp.export.cells import GeneratedCell
+from nbddp.export.notebooks import Stage
 from nbddp.export.rewrites.base import CellLocation
 from nbddp.export.script import render_script
-from nbddp.export.sourcemap import align_origins, sourcemap_text
+from nbddp.export.sourcemap import align_origins, recorded_sha256, sourcemap_text
+from nbddp.runtime import sourcemap as runtime_sourcemap
 
 HERE = CellLocation("notebooks/02_train.ipynb", 4)
 
@@ -45,7 +48,7 @@ def test_first_line_of_each_cell_points_at_its_first_source_line():
         GeneratedCell("code", "f()", [None], "nbddp teardown"),
     ]
     script = render_script(cells)
-    sourcemap = json.loads(sourcemap_text("train.py", script, cells))
+    sourcemap = json.loads(sourcemap_text("train.py", script, cells, [Stage(HERE.notebook, (), "b" * 64)]))
     script_lines = script.splitlines()
 
     assert sourcemap["script"] == "train.py"
@@ -56,3 +59,22 @@ def test_first_line_of_each_cell_points_at_its_first_source_line():
         expected = cell.source.splitlines() if cell.cell_type == "code" else [f"# {line}" for line in cell.source.splitlines()]
         assert written == expected
         assert entry["origin"] == cell.origin
+
+
+def test_the_map_records_the_scripts_and_each_notebooks_sha256_where_every_room_reads_it(tmp_path):
+    cells = [GeneratedCell("markdown", "header", [None]), GeneratedCell("code", "a = 1", [[HERE.notebook, 4, 1]], "x")]
+    script = render_script(cells)
+    stages = [Stage("notebooks/01_data.ipynb", (), "a" * 64), Stage(HERE.notebook, (), "b" * 64)]
+    text = sourcemap_text("train.py", script, cells, stages)
+    assert text.splitlines()[:6] == [
+        '{"script": "train.py",',
+        f' "script_sha256": "{hashlib.sha256(script.encode()).hexdigest()}",',
+        ' "notebooks": {',
+        f'   "notebooks/01_data.ipynb": "{"a" * 64}",',
+        f'   "notebooks/02_train.ipynb": "{"b" * 64}"',
+        " },",
+    ]
+    assert recorded_sha256(text) == hashlib.sha256(script.encode()).hexdigest()
+    (tmp_path / "train.sourcemap.json").write_text(text)
+    loaded = runtime_sourcemap.load(str(tmp_path / "train.sourcemap.json"))  # the runtime's reader takes it as it is
+    assert runtime_sourcemap.lookup(loaded, loaded["cells"][1]["first_line"]).origin.cell == 4

@@ -1,5 +1,4 @@
 """One cell of the generated script: a stage cell rewritten (and guarded, by its tags), or one nbddp writes."""
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +10,7 @@ from nbddp.export.parameters import MergedParameters
 from nbddp.export.report import CellNote
 from nbddp.export.rewrites.base import ExportContext
 from nbddp.export.rewrites.ddp_blocks import main_process_first_block, rank0_block
+from nbddp.export.rewrites.dropped_lines import shorten_comments
 from nbddp.export.sourcemap import align_origins
 from nbddp.export.syntax import check_syntax
 
@@ -53,7 +53,7 @@ def export_code_cell(cell: SourceCell, stage_notebooks: frozenset) -> tuple[Gene
     elif module.body and "main-process-first" in cell.tags:
         code, origin = _wrapped(code, main_process_first_block(module).code.rstrip("\n"), origin, cell)
         entries.append(CellNote(cell.location, MAIN_PROCESS_FIRST_NOTE))
-    return GeneratedCell("code", code, origin, title(cell)), entries
+    return GeneratedCell("code", shorten_comments(code), origin, title(cell)), entries
 
 
 def _wrapped(code: str, wrapped: str, origin: list, cell: SourceCell) -> tuple[str, list]:
@@ -79,13 +79,10 @@ def parameters_cell(parameters: MergedParameters) -> GeneratedCell:
     return GeneratedCell("code", parameters.source, parameters.origin, tags=("parameters",))
 
 
-def setup_cell(defined_in: dict) -> GeneratedCell:
-    lines = [
-        "from nbddp import runtime",
-        f"runtime.apply_flags(globals(), defined_in={json.dumps(defined_in, ensure_ascii=False)})",
-        'ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, workdir=workdir,',
-        '                    script=globals().get("__file__"))',
-    ]
+def setup_cell() -> GeneratedCell:
+    """`runtime.setup(globals())` reads the flags (which notebook defines each, from the parameters cell's
+    `# <notebook>` lines) and sets the process up."""
+    lines = ["from nbddp import runtime", "ddp = runtime.setup(globals())"]
     return GeneratedCell("code", "\n".join(lines), [None] * len(lines), "nbddp setup")
 
 

@@ -1,10 +1,18 @@
 """Stage notebooks -> generated/train.py and its source map: the export steps in order."""
 import os
 from dataclasses import dataclass
+from itertools import takewhile
 from pathlib import Path
 
-from nbddp.export.cells import export_code_cell, export_text_cell, parameters_cell, setup_cell, teardown_cell
-from nbddp.export.notebooks import read_stages
+from nbddp.export.cells import (
+    GeneratedCell,
+    export_code_cell,
+    export_text_cell,
+    parameters_cell,
+    setup_cell,
+    teardown_cell,
+)
+from nbddp.export.notebooks import SourceCell, read_stages
 from nbddp.export.parameters import merge_parameters
 from nbddp.export.report import CellNote, ExportReport
 from nbddp.export.script import header_cell, render_script
@@ -36,7 +44,7 @@ def export(notebooks="notebooks", out="generated", *, check=False, force=False) 
     export from any working directory writes the same files.
     """
     out = Path(out)
-    script_path = out / SCRIPT_NAME
+    script_path, sourcemap_path = out / SCRIPT_NAME, out / SOURCEMAP_NAME
     if not check:
         check_out_dir(out)
     project = os.path.dirname(os.path.abspath(out))
@@ -47,12 +55,12 @@ def export(notebooks="notebooks", out="generated", *, check=False, force=False) 
     script_text = render_script(cells)
     files = {
         script_path: script_text,
-        out / SOURCEMAP_NAME: sourcemap_text(SCRIPT_NAME, script_text, cells),
+        sourcemap_path: sourcemap_text(SCRIPT_NAME, script_text, cells, stages),
     }
     if check:
-        return ExportResult(script_path, files, report, stale_files(files, script_path), written=False)
+        return ExportResult(script_path, files, report, stale_files(files, script_path, sourcemap_path), written=False)
     if not force:
-        refuse_hand_edited(script_path)
+        refuse_hand_edited(script_path, sourcemap_path)
     write_files(files)
     return ExportResult(script_path, files, report, stale=[], written=True)
 
@@ -64,20 +72,53 @@ def assemble_cells(stages, workdir=".") -> tuple[list, ExportReport]:
     report = ExportReport(notebooks=len(stages))
     parameter_cells, body = [], []
     for stage in stages:
-        for cell in stage.cells:
-            if "notebook-only" in cell.tags:
-                report.entries.append(CellNote(cell.location, "dropped (notebook-only)"))
-            elif "injected-parameters" in cell.tags:
-                report.entries.append(CellNote(cell.location, "dropped (papermill's injected-parameters)"))
-            elif "parameters" in cell.tags:
-                parameter_cells.append(cell)
-            elif cell.cell_type == "code":
-                generated, entries = export_code_cell(cell, stage_notebooks)
-                report.entries.extend(entries)
-                body.append(generated)
-            else:
-                body.append(export_text_cell(cell))
-    body = [cell for cell in body if cell is not None]
+        exported = [_export_cell(cell, stage_notebooks) for cell in stage.cells]
+        parameter_cells += [item.cell for item in exported if item.parameters]
+        for index, item in enumerate(exported):
+            if _over_dropped_cells_only(exported, index):
+                item = _Exported(item.cell, None, [CellNote(item.cell.location, ORPHAN_NOTE)], dropped=True)
+            report.entries.extend(item.entries)
+            if item.generated is not None:
+                body.append(item.generated)
     report.cells = len(body)
     parameters = merge_parameters(parameter_cells, workdir)
-    return [parameters_cell(parameters), setup_cell(parameters.defined_in), *body, teardown_cell()], report
+    return [parameters_cell(parameters), setup_cell(), *body, teardown_cell()], report
+
+
+ORPHAN_NOTE = "dropped: a markdown cell over dropped cells only"
+
+
+@dataclass(frozen=True)
+class _Exported:
+    """A stage cell as export takes it: what the script's body gets of it (None: nothing) and the report's entries."""
+
+    cell: SourceCell
+    generated: GeneratedCell | None
+    entries: list
+    dropped: bool = False  # left out of the script (a parameters cell is not: it joins the script's parameters cell)
+    parameters: bool = False
+
+
+def _export_cell(cell: SourceCell, stage_notebooks: frozenset) -> _Exported:
+    if "notebook-only" in cell.tags:
+        return _Exported(cell, None, [CellNote(cell.location, "dropped (notebook-only)")], dropped=True)
+    if "injected-parameters" in cell.tags:
+        note = CellNote(cell.location, "dropped (papermill's injected-parameters)")
+        return _Exported(cell, None, [note], dropped=True)
+    if "parameters" in cell.tags:
+        return _Exported(cell, None, [], parameters=True)
+    if cell.cell_type == "code":
+        generated, entries = export_code_cell(cell, stage_notebooks)
+        return _Exported(cell, generated, entries, dropped=generated is None and bool(cell.source.strip()))
+    return _Exported(cell, export_text_cell(cell), [])
+
+
+def _over_dropped_cells_only(exported: list, index: int) -> bool:
+    """Whether `exported[index]` is a markdown cell whose section (the cells after it up to the next markdown cell
+    the script keeps) is all dropped: its heading would stand over the next section's code."""
+    item = exported[index]
+    if item.cell.cell_type != "markdown" or item.generated is None:
+        return False
+    section = list(takewhile(lambda later: later.cell.cell_type != "markdown" or later.generated is None,
+                             exported[index + 1 :]))
+    return bool(section) and all(later.dropped for later in section)

@@ -34,11 +34,12 @@ class Parameter:
 
 @dataclass(frozen=True)
 class MergedParameters:
-    """The merged parameters cell: its source, where each of its lines came from, and each name's notebook."""
+    """The merged parameters cell: its source and where each of its lines came from. A `# <notebook file name>`
+    line (`# nbddp` for nbddp's own) stands above each notebook's parameters: the runtime reads it for `--help`
+    (`nbddp.runtime.flags.defined_in`)."""
 
     source: str
     origin: list  # per line: [notebook, cell, line] or None for lines nbddp wrote
-    defined_in: dict  # name -> notebook file name ("nbddp" for nbddp's own)
 
 
 def read_parameters(cell: SourceCell) -> list[Parameter]:
@@ -92,8 +93,7 @@ def merge_parameters(cells: list[SourceCell], workdir: str = ".") -> MergedParam
             origin.append([cell.location.notebook, cell.location.cell, number])
     lines.extend(line.format(workdir=json.dumps(workdir)) for line in NBDDP_PARAMETER_LINES)
     origin.extend([None] * len(NBDDP_PARAMETER_LINES))
-    defined_in = {name: Path(parameter.cell.location.notebook).name for name, parameter in first_definition.items()}
-    return MergedParameters("\n".join(lines), origin, {**defined_in, **NBDDP_PARAMETERS})
+    return MergedParameters("\n".join(lines), origin)
 
 
 def _parameter(statement, module, positions, cell: SourceCell, first_line: int) -> Parameter:

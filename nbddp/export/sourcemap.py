@@ -1,5 +1,7 @@
-"""Where each line of the generated script came from: `[notebook, cell, line]` or None (nbddp wrote it)."""
+"""Where each line of the generated script came from: `[notebook, cell, line]` or None (nbddp wrote it); and the
+hashes that say whether the script is still what export wrote from those notebooks."""
 import difflib
+import hashlib
 import json
 
 from nbddp.export.rewrites.base import CellLocation
@@ -34,8 +36,9 @@ def align_origins(original: str, rewritten: str, location: CellLocation) -> list
     return origin
 
 
-def sourcemap_text(script_name: str, script_text: str, cells) -> str:
-    """The source map JSON (one line per cell) of a script whose cells, in order, are `cells`.
+def sourcemap_text(script_name: str, script_text: str, cells, stages) -> str:
+    """The source map JSON (one line per cell) of a script whose cells, in order, are `cells`, exported from
+    `stages`: with the sha256 of `script_text` (`recorded_sha256`) and of each stage's content.
 
     Cell markers are the `# %%` lines jupytext wrote; the script was checked to read back as
     exactly these cells, so there is one marker per cell.
@@ -50,4 +53,19 @@ def sourcemap_text(script_name: str, script_text: str, cells) -> str:
         for marker, cell in zip(markers, cells, strict=True)
     ]
     cells_json = ",\n  ".join(entries)
-    return f'{{"script": {json.dumps(script_name)},\n "cells": [\n  {cells_json}\n ]}}\n'
+    notebooks = json.dumps({stage.path: stage.content_sha256 for stage in stages}, ensure_ascii=False, indent=2)
+    return (f'{{"script": {json.dumps(script_name)},\n "script_sha256": "{sha256(script_text)}",\n'
+            f' "notebooks": {notebooks.replace(chr(10), chr(10) + " ")},\n "cells": [\n  {cells_json}\n ]}}\n')
+
+
+def recorded_sha256(sourcemap: str) -> str | None:
+    """The script's sha256 that the source map text `sourcemap` records; None when it records none."""
+    try:
+        recorded = json.loads(sourcemap).get("script_sha256")
+    except (ValueError, AttributeError):  # not JSON; JSON but not an object
+        return None
+    return recorded if isinstance(recorded, str) else None
+
+
+def sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

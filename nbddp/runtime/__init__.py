@@ -1,32 +1,42 @@
 """The runtime that generated scripts import. The generated setup cell is:
 
     from nbddp import runtime
-    runtime.apply_flags(globals(), defined_in={"rows": "01_data_prep.ipynb", "backend": "nbddp"})
-    ddp = runtime.setup(backend=backend, resume=resume, batch_layout=batch_layout, script=globals().get("__file__"))
+    ddp = runtime.setup(globals())
 
-`apply_flags` turns the parameters into command-line flags; `setup` joins torchrun's process group, picks
+`setup` turns the parameters into command-line flags (`flags`), joins torchrun's process group, picks
 the backend, gives every Trainer completion markers for its checkpoints (`checkpoint_callback`) and returns
-`ddp` (a `context.DistributedContext`), which knows whether this run resumes. torch is imported only by `setup`, so
-`train.py --help` answers at once; transformers, trl and peft only after Unsloth, or (hf backend) when
-`setup` patches TRL (see `backends`).
+`ddp` (a `context.DistributedContext`), which knows whether this run resumes. torch is imported only after the
+flags are read, so `train.py --help` answers at once; transformers, trl and peft only after Unsloth, or (hf backend)
+when `setup` patches TRL (see `backends`).
 """
 import builtins
 import sys
 
 from nbddp.errors import NbddpError
-from nbddp.runtime.flags import apply_flags, running_in_kernel
+from nbddp.runtime.flags import apply_flags, defined_in, running_in_kernel
+from nbddp.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, WORKDIR
 
-__all__ = ["apply_flags", "setup"]
+__all__ = ["setup"]
 
 
-def setup(backend: str, script: str | None, resume: bool = False, batch_layout="notebook", workdir: str = ""):
+def setup(namespace: dict | None = None, *, backend: str = "auto", script: str | None = None, resume: bool = False,
+          batch_layout="notebook", workdir: str = ""):
     """Prepare this process for the notebooks' code and return its `DistributedContext`.
 
+    `namespace`: a generated script's globals, right after its parameters cell: its flags are applied to them
+    (`flags.apply_flags`, with the notebooks of `flags.defined_in(__file__)`), and `backend`, `resume`,
+    `batch_layout`, `workdir` and `script` (`__file__`) are read from them. A notebook's own setup cell passes
+    those as keywords instead: `setup(backend="auto", script=None)`.
     `workdir`: where the cells run (see `working_directory`), the notebooks' folder in a generated script.
     `resume`: `trainer.train()` continues from the newest complete checkpoint (see
     `DistributedContext.checkpoint_to_resume`); a worker torchrun restarted resumes without being asked.
     `batch_layout`: how the processes share the notebook's batch (`batch_plan`).
     """
+    if namespace is not None:
+        script = namespace.get("__file__")
+        apply_flags(namespace, defined_in(script))
+        backend, resume, batch_layout, workdir = (namespace.get(name, default) for name, default in (
+            (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (WORKDIR, workdir)))
     from nbddp.runtime import backends, heartbeat, script_display, tracebacks, training_overrides, working_directory
     from nbddp.runtime.context import init_distributed
 
@@ -50,7 +60,7 @@ def setup(backend: str, script: str | None, resume: bool = False, batch_layout="
     from nbddp.runtime import checkpoint_callback, smoke_sandbox  # imports transformers: once the backend is active
 
     checkpoint_callback.register()
-    smoke_sandbox.install(started_in)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
+    smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         print(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}", flush=True)
     return ddp

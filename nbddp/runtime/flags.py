@@ -1,7 +1,8 @@
 """Command-line overrides for the parameters of a generated script: `--rows 500 --backend hf`.
 
 Each parameter becomes one `--name VALUE` flag whose type is the type of its default; `--help` shows the
-comment that follows its assignment in the script's parameters cell (the notebook author's words). Inside a Jupyter
+comment that follows its assignment in the script's parameters cell (the notebook author's words) and the notebook
+that defines it, the `# 01_data_prep.ipynb` line above it there (`defined_in`). Inside a Jupyter
 kernel (papermill's smoke run) nothing is parsed: `sys.argv` is the kernel's own there, and papermill
 injects the parameters itself. Either way, once the values are final, a parameter named `output_dir`
 (Trainer's name, which smoke and run set too) and NBDDP_OUTPUT_DIR (which `ddp.output_dir` puts in the training
@@ -18,6 +19,7 @@ import ast
 import difflib
 import io
 import os
+import re
 import sys
 import tokenize
 from datetime import timedelta
@@ -29,6 +31,9 @@ from nbddp.script_parameters import WORKDIR
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
 NBDDP_OWN = "nbddp"  # what `defined_in` says for nbddp's own parameters (backend)
+PARAMETERS_MARKER = '# %% tags=["parameters"]'  # the parameters cell's first line, as jupytext writes it
+# Export's line above each notebook's parameters in that cell (a stage is NN_name.ipynb), and above nbddp's own.
+NOTEBOOK_LINE = re.compile(rf"# (\d\d_.*\.ipynb|{NBDDP_OWN})")
 OUTPUT_DIR = "output_dir"
 OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
 DTYPE = "dtype"
@@ -54,7 +59,9 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
     """Override the parameters in `namespace` from `sys.argv[1:]` (script mode only), then check `output_dir` and
     NBDDP_OUTPUT_DIR.
 
-    `defined_in` maps each parameter name to the notebook that defines it (shown in `--help`).
+    `namespace`: the script's globals as its parameters cell left them (`runtime.setup` calls this first), so an
+    `output_dir` there is the parameter. `defined_in` maps each parameter name to the notebook that defines it
+    (shown in `--help`; see `defined_in`).
     An unknown flag, a value of the wrong type, a `--set` that is not NAME=VALUE or an unusable output_dir exits
     with status 2, naming the flag; in a kernel, an unusable output_dir raises UsageError instead. `--set` lines
     are appended to os.environ["NBDDP_SET"]; whether their names and values fit a training argument is checked
@@ -67,7 +74,7 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
         if override_lines:
             os.environ[training_overrides.ENV] = training_overrides.environment_value(override_lines)
         namespace.update(values)
-    output_dirs = {OUTPUT_DIR: namespace[OUTPUT_DIR]} if OUTPUT_DIR in defined_in else {}
+    output_dirs = {OUTPUT_DIR: namespace[OUTPUT_DIR]} if OUTPUT_DIR in namespace else {}
     if os.environ.get(OUTPUT_DIR_VARIABLE):
         output_dirs[OUTPUT_DIR_VARIABLE] = os.environ[OUTPUT_DIR_VARIABLE]
     cells = working_directory.folder(namespace.get(WORKDIR, ""), namespace.get("__file__"))
@@ -81,6 +88,32 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
+
+
+def defined_in(script: str | None) -> dict[str, str]:
+    """{name: the notebook that defines it} for each parameter of the generated `script`, in order: the top-level
+    assignments of its parameters cell (from PARAMETERS_MARKER to the next `# %%` line), each under the last
+    NOTEBOOK_LINE above it. {} when there is no readable script (a kernel, stdin) or no parameters cell."""
+    try:
+        with open(script, encoding="utf-8") as file:
+            lines = file.read().splitlines()
+    except (OSError, TypeError):  # TypeError: no __file__ (None)
+        return {}
+    start = next((number + 1 for number, line in enumerate(lines) if line == PARAMETERS_MARKER), len(lines))
+    end = next((number for number in range(start, len(lines)) if lines[number].startswith("# %%")), len(lines))
+    cell = lines[start:end]
+    try:
+        statements = ast.parse("\n".join(cell)).body
+    except SyntaxError:
+        return {}
+    notebooks = [(number, line[2:]) for number, line in enumerate(cell, start=1) if NOTEBOOK_LINE.fullmatch(line)]
+    found = {}
+    for statement in statements:
+        target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
+        if isinstance(target, ast.Name):
+            above = [notebook for number, notebook in notebooks if number < statement.lineno]
+            found[target.id] = above[-1] if above else "?"
+    return found
 
 
 def process_group_timeout() -> timedelta:

@@ -85,13 +85,11 @@ def test_flags_cover_the_common_settings_and_drop_backend_for_the_reference():
 
 
 def test_flags_are_parameters_of_the_generated_script():
-    import ast
     from pathlib import Path
 
-    script = ast.parse((Path(__file__).resolve().parents[2] / "generated" / "train.py").read_text())
-    defined_in = next(k.value for node in ast.walk(script) if isinstance(node, ast.Call)
-                      for k in node.keywords if k.arg == "defined_in")
-    names = {key.value for key in defined_in.keys}
+    from nbddp.runtime.flags import defined_in
+
+    names = set(defined_in(str(Path(__file__).resolve().parents[2] / "generated" / "train.py")))
     for experiment in plan.EXPERIMENTS.values():
         for variant in experiment.variants.values():
             if variant.script == "generated":

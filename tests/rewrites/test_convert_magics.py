@@ -51,7 +51,7 @@ def test_pip_install_at_top_level_becomes_a_comment_on_its_own_line():
     assert changes == [(2, "dropped `!pip install -q datasets` (install packages before running the script)")]
 
 
-def test_unsloth_capture_cell_with_pip_in_if_else_keeps_the_body_on_its_lines():
+def test_unsloth_capture_cell_with_pip_in_if_else_keeps_one_pass_per_branch():
     code, changes = convert(
         """\
         %%capture
@@ -72,12 +72,31 @@ def test_unsloth_capture_cell_with_pip_in_if_else_keeps_the_body_on_its_lines():
             pass  # nbddp: dropped !pip install unsloth
         else:
             # Do this only in Colab notebooks! Otherwise use pip install unsloth
-            pass  # nbddp: dropped !pip install --no-deps bitsandbytes accelerate peft trl
-            pass  # nbddp: dropped !pip install --no-deps unsloth
+            pass  # nbddp: dropped 2 lines: !pip install --no-deps bitsandbytes accelerate peft trl; !pip install --no-deps unsloth
         """
     )
-    assert [line for line, _ in changes] == [1, 4, 7, 8]
+    assert [line for line, _ in changes] == [1, 4, 7, 8]  # each dropped line is reported at its own line
     assert changes[0] == (1, "dropped `%%capture`; its body is kept")
+
+
+def test_a_block_of_dropped_lines_keeps_every_comment_above_its_one_pass():
+    code, _ = convert(
+        """\
+        if True:
+            # first
+            !pip install a
+            # second
+            %matplotlib inline
+        """
+    )
+    assert code == dedent(
+        """\
+        if True:
+            # first
+            # second
+            pass  # nbddp: dropped 2 lines: !pip install a; %matplotlib inline
+        """
+    )
 
 
 def test_a_dropped_line_beside_other_statements_in_a_block_becomes_a_comment():

@@ -21,7 +21,7 @@ def test_unsloth_loader_gets_a_device_map_in_its_own_layout():
             max_seq_length = max_seq_length,
             dtype = None,
             load_in_4bit = True,  # 4bit cuts memory use
-            device_map=ddp.device_map(),
+            device_map = ddp.device_map(),
         )
         """,
     )
@@ -126,4 +126,17 @@ def test_nested_loaders_are_found():
             if name:
                 return AutoModelForCausalLM.from_pretrained(name, device_map=ddp.device_map())
         """,
+    )
+
+
+def test_the_added_keyword_is_spaced_as_the_calls_last_keyword():
+    assert_rewrites(
+        InjectDeviceMap,
+        'model = AutoModel.from_pretrained(name, dtype="auto", load_in_4bit = True)\n',
+        'model = AutoModel.from_pretrained(name, dtype="auto", load_in_4bit = True, device_map = ddp.device_map())\n',
+    )
+    assert_rewrites(
+        InjectDeviceMap,
+        'model = AutoModel.from_pretrained(name, load_in_4bit = True, dtype="auto")\n',
+        'model = AutoModel.from_pretrained(name, load_in_4bit = True, dtype="auto", device_map=ddp.device_map())\n',
     )

@@ -18,7 +18,7 @@ def test_a_trainer_without_callbacks_records_nbddps_metrics():
             model = model,
             train_dataset = dataset,
             args = SFTConfig(output_dir = "outputs"),
-            callbacks=[ddp.metrics_callback()],
+            callbacks = [ddp.metrics_callback()],
         )
         """,
     )

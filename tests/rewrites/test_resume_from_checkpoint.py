@@ -40,7 +40,7 @@ def test_other_arguments_keep_their_layout():
         """\
         trainer.train(
             ignore_keys_for_eval = ["past_key_values"],  # not compared
-            resume_from_checkpoint=ddp.checkpoint_to_resume(trainer),
+            resume_from_checkpoint = ddp.checkpoint_to_resume(trainer),
         )
         """,
     )

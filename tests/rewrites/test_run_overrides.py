@@ -35,7 +35,7 @@ def test_arguments_that_train_by_epochs_get_a_cappable_default():
         RunOverrides,
         "args = TrainingArguments(num_train_epochs = 1, output_dir = ddp.output_dir('outputs'))\n",
         "args = TrainingArguments(num_train_epochs = 1, output_dir = ddp.output_dir('outputs'), "
-        "max_steps=ddp.max_steps(-1))\n",
+        "max_steps = ddp.max_steps(-1))\n",
     )
     assert changes == [(1, "added max_steps=ddp.max_steps(-1) (trains by epochs as before; NBDDP_MAX_STEPS caps "
                            "it; smoke runs set 3)")]

@@ -37,8 +37,8 @@ def test_unsloth_training_arguments():
                 bf16 = ddp.gpu_only(is_bfloat16_supported()),
                 optim = ddp.optimizer("adamw_8bit"),
                 output_dir = "outputs",  # checkpoints go here
-                ddp_find_unused_parameters=False,
-                average_tokens_across_devices=True,
+                ddp_find_unused_parameters = False,
+                average_tokens_across_devices = True,
             ),
         )
         """,
@@ -85,7 +85,7 @@ def test_settings_the_author_chose_are_kept():
             ddp_timeout = 60,
             fp16 = ddp.gpu_only(True),
             optim = "adamw_torch",
-            average_tokens_across_devices=True,
+            average_tokens_across_devices = True,
         )
         """,
     )

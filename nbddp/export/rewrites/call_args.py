@@ -4,6 +4,7 @@ import ast
 import libcst as cst
 
 NOT_A_LITERAL = object()
+_NO_SPACES = cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace(""))
 
 
 def code_of(node: cst.CSTNode) -> str:
@@ -56,12 +57,11 @@ def set_keyword_value(call: cst.Call, name: str, value: cst.BaseExpression) -> c
 
 
 def append_keyword(call: cst.Call, name: str, value: cst.BaseExpression) -> cst.Call:
-    """`call` with `name=value` added last, laid out like the arguments already there."""
-    new = cst.Arg(
-        keyword=cst.Name(name),
-        value=value,
-        equal=cst.AssignEqual(whitespace_before=cst.SimpleWhitespace(""), whitespace_after=cst.SimpleWhitespace("")),
-    )
+    """`call` with `name=value` added last, laid out like the arguments already there: spaced around `=` as its last
+    keyword argument is (Unsloth's notebooks write `load_in_4bit = True`), PEP 8's `name=value` without one."""
+    equals = [code_of(arg.equal) for arg in call.args if isinstance(arg.equal, cst.AssignEqual)]
+    spaced = equals[-1:] == [" = "]
+    new = cst.Arg(keyword=cst.Name(name), value=value, equal=cst.AssignEqual() if spaced else _NO_SPACES)
     if not call.args:
         return call.with_changes(args=[new])
     *others, last = call.args
