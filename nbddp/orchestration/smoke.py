@@ -15,8 +15,10 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, files, launch, layout_check, notebook_run, parameters, stopping
+from nbddp.orchestration import (devices, files, launch, layout_check, notebook_run, parameters, project_changes,
+                                 stopping)
 from nbddp.orchestration.metrics import METRICS_FILE
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
@@ -77,13 +79,19 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     files.write_json(run_dir / "params.json", injected)
     env = smoke_environment(defaults, run_dir) | (extra_env or {})
     in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())
-    print(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}", flush=True)
-    # the runtime's smoke_sandbox: what the notebook saves lands in run_dir, and nothing is pushed
-    run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout,
-                                    extra_env=env | {"NBDDP_SMOKE_DIR": str(run_dir.resolve())})
+    log.logger.info(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}")
+    # the runtime's smoke_sandbox: what the notebook saves lands in run_dir, and nothing is pushed; what it does
+    # not redirect is named afterwards, failed or not
+    project = Path(injected[parameters.WORKDIR]).parent if injected.get(parameters.WORKDIR) else Path.cwd()
+    before = project_changes.snapshot(project, run_dir)
+    try:
+        run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout,
+                                        extra_env=env | {"NBDDP_SMOKE_DIR": str(run_dir.resolve())})
+    finally:
+        _report_changes(project, before, run_dir)
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
     html = f", HTML {run.html}" if run.html else ""
-    print(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}{html}", flush=True)
+    log.logger.info(f"smoke: ok in {run.wall_time_s:.1f} s; executed notebook {run.executed}{html}")
     return result
 
 
@@ -112,6 +120,17 @@ def output_dir_environment(defaults, output_dir, environ=os.environ):
     if "output_dir" in defaults or "NBDDP_OUTPUT_DIR" in environ:
         return {}
     return {"NBDDP_OUTPUT_DIR": str(output_dir)}
+
+
+def _report_changes(project, before, run_dir):
+    after = project_changes.snapshot(project, run_dir) if before is not None else None
+    if after is None:
+        log.logger.info(f"smoke: {project} has over {project_changes.MAX_ENTRIES} files: not checked for what the "
+                        "notebook changed outside runs/")
+        return
+    text = project_changes.report(project, project_changes.changes(before, after))
+    if text:
+        log.logger.warning(text)
 
 
 def _collect_metrics(injected, run_dir):

@@ -58,24 +58,41 @@ def test_a_script_without_max_steps_and_output_dir_parameters_gets_them_through_
     assert f"steps: 3 3 into: {result.run_dir}\n" in [output.get("text") for output in outputs]
 
 
-def test_what_the_notebook_saves_lands_in_the_smoke_folder_not_the_project(workdir):
-    # NBDDP_SMOKE_DIR (run_smoke sets it to the run folder) makes the runtime redirect saves (smoke_sandbox).
+def test_what_the_notebook_saves_lands_in_the_smoke_folder_and_what_else_it_changes_is_named(workdir, capsys):
+    # NBDDP_SMOKE_DIR (run_smoke sets it to the run folder) makes the runtime redirect saves (smoke_sandbox); what
+    # it cannot redirect (a shell command) the smoke run names afterwards.
     tiny_llama = Path(__file__).parents[2] / "models" / "tiny-llama"
+    (workdir / "notes.txt").write_text("the user's\n")
     (workdir / "saves.py").write_text(textwrap.dedent(f"""\
         # %% tags=["parameters"]
         backend = "hf"
 
         # %%
         from nbddp import runtime
-        ddp = runtime.setup(backend=backend, script=None)
+        ddp = runtime.setup(globals(), backend=backend, script=None)
+        import torch
         from transformers import AutoTokenizer
         AutoTokenizer.from_pretrained({str(tiny_llama)!r}).save_pretrained("lora_model")
         ddp.write_file("lora_model/TRAINING.md", "adapters\\n")
+        torch.save({{"step": 3}}, "state.pt")
+        with open("notes.txt", "a") as notes:
+            notes.write("smoke\\n")
+        with open("lora_model/TRAINING.md") as readme:  # what this run wrote, read back
+            assert readme.read() == "adapters\\n"
+        assert AutoTokenizer.from_pretrained("lora_model").vocab_size > 0 and torch.load("state.pt") == {{"step": 3}}
+        ddp.shell("mkdir -p made && echo x >> made/NOTES.txt")
         """))
+    before = sorted(path.name for path in workdir.iterdir())
     result = smoke("saves.py", device="cpu", timeout=120)
-    assert not (workdir / "lora_model").exists()
+    assert sorted(path.name for path in workdir.iterdir()) == sorted([*before, "runs", "made"])
+    assert (workdir / "notes.txt").read_text() == "the user's\n"
     assert (result.run_dir / "lora_model" / "tokenizer.json").is_file()
     assert (result.run_dir / "lora_model" / "TRAINING.md").read_text() == "adapters\n"
+    assert (result.run_dir / "notes.txt").read_text() == "the user's\nsmoke\n"
+    assert (result.run_dir / "state.pt").is_file()
+    assert (f"smoke: the notebook changed 2 path(s) in {workdir} outside runs/, which nbddp does not redirect (`!` "
+            "commands, os.makedirs, Path.write_text): made (created), made/NOTES.txt (created). The training run "
+            "will do it again.") in capsys.readouterr().err
 
 
 def test_the_environment_is_left_to_the_scripts_parameters_or_the_users_own_setting():

@@ -245,3 +245,80 @@ def test_the_wrappers_and_what_they_read_can_be_pickled_by_value():
     assert dill.loads(dill.dumps(wrapped, recurse=True)) is not None
     for name in ("_state", "_announced"):
         dill.dumps(getattr(smoke_sandbox, name))
+
+
+def test_the_cells_open_writes_into_the_smoke_folder_appends_to_a_copy_and_reads_what_it_wrote(smoke_run, project,
+                                                                                              capsys):
+    (project / "notes.txt").write_text("the user's\n")
+    namespace = {}
+    smoke_sandbox.install(namespace=namespace)
+    cell_open = namespace["open"]
+    with cell_open("results.json", "w") as file:
+        file.write("{}")
+    with cell_open("notes.txt", "a") as file:
+        file.write("smoke\n")
+    with cell_open("results.json") as file:  # a later cell reads what this run wrote
+        assert file.read() == "{}"
+    with cell_open("notes.txt", encoding="utf-8") as file:
+        assert file.read() == "the user's\nsmoke\n"
+    assert (project / "notes.txt").read_text() == "the user's\n" and not (project / "results.json").exists()
+    assert (smoke_run / "results.json").read_text() == "{}"
+    with cell_open(os.open(project / "notes.txt", os.O_RDONLY)) as file:  # a file descriptor is the builtin's
+        assert file.read() == "the user's\n"
+    assert capsys.readouterr().out.splitlines() == [
+        f"nbddp: smoke run: save to results.json went to runs/20260101T000000Z-smoke/results.json {SAVED_THERE}",
+        f"nbddp: smoke run: save to notes.txt went to runs/20260101T000000Z-smoke/notes.txt {SAVED_THERE}",
+        "nbddp: smoke run: results.json read from runs/20260101T000000Z-smoke/results.json, where this smoke run "
+        "saved it",
+        "nbddp: smoke run: notes.txt read from runs/20260101T000000Z-smoke/notes.txt, where this smoke run saved it"]
+
+
+def test_outside_a_smoke_run_the_cells_open_is_the_builtin(project):
+    namespace = {}
+    smoke_sandbox.install(namespace=namespace)
+    assert namespace == {}
+
+
+def test_torch_save_and_save_to_disk_are_redirected_and_read_back(smoke_run, project):
+    import datasets
+    import torch
+
+    torch.save({"step": 3}, "state.pt")
+    datasets.Dataset.from_dict({"text": ["a", "b"]}).save_to_disk("prepared")
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["c"]})}).save_to_disk(
+        dataset_dict_path=str(project / "splits"))
+    assert sorted(os.listdir(project)) == ["runs"]
+    assert torch.load("state.pt") == {"step": 3}
+    assert datasets.load_from_disk("prepared")["text"] == ["a", "b"]
+    assert datasets.DatasetDict.load_from_disk(project / "splits")["train"]["text"] == ["c"]
+    assert (smoke_run / "state.pt").is_file() and (smoke_run / "prepared").is_dir() and (smoke_run / "splits").is_dir()
+
+
+def test_from_pretrained_of_a_folder_this_smoke_run_saved_loads_the_smoke_runs_copy(smoke_run, project, capsys):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from nbddp.runtime.tiny_model import ensure_weights
+
+    model, tokenizer = tiny_lora()
+    model.save_pretrained("lora_model")
+    tokenizer.save_pretrained("lora_model")
+    assert not (project / "lora_model").exists()
+    base = AutoModelForCausalLM.from_pretrained(ensure_weights(str(TINY_LLAMA)))  # not saved here: read as it is
+    reloaded = PeftModel.from_pretrained(base, "lora_model")
+    assert AutoTokenizer.from_pretrained("lora_model").vocab_size == tokenizer.vocab_size
+    assert reloaded.peft_config["default"].r == 4
+    lines = [line for line in capsys.readouterr().out.splitlines() if " read from " in line]
+    assert lines == ["nbddp: smoke run: lora_model read from runs/20260101T000000Z-smoke/lora_model, where this "
+                     "smoke run saved it"]
+
+
+def test_a_module_the_notebook_writes_stays_importable_from_the_smoke_runs_copy(smoke_run, project, monkeypatch):
+    # `%%writefile reward.py` then `from reward import ...`, as GRPO notebooks do; the cells' folder is on sys.path.
+    monkeypatch.setattr(sys, "path", ["", *sys.path])
+    monkeypatch.delitem(sys.modules, "smoke_written_reward", raising=False)
+    DistributedContext().write_file("smoke_written_reward.py", "SCORE = 7\n")
+    import smoke_written_reward
+
+    assert smoke_written_reward.SCORE == 7 and not (project / "smoke_written_reward.py").exists()
+    assert Path(smoke_written_reward.__file__) == smoke_run / "smoke_written_reward.py"
