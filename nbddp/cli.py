@@ -4,22 +4,26 @@
 
     python pipeline.py export [--notebooks notebooks] [--out generated] [--check] [--force]
     python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
-                             [--device N|cpu] [--timeout S]
+                             [--device N|cpu] [--timeout S] [-q|-v]
     python pipeline.py launch [--nproc-per-node N|auto] [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
-                              [--max-restarts N] [--set NAME=VALUE]... [--batch-layout L] [--dry-run] [-- SCRIPT FLAGS]
+                              [--max-restarts N] [--set NAME=VALUE]... [--batch-layout L] [--dry-run] [-q|-v]
+                              [-- SCRIPT FLAGS]
     python pipeline.py launch --slurm [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--job-name NAME]
                               [--time T] [--partition P] [--max-restarts N] [-o train.sbatch] [-- SCRIPT FLAGS]
     python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
+                           [-q|-v]
     python pipeline.py regress [--suite regress.yaml] [--only NAME] [--set NAME=VALUE]... [--update-baseline]
 
 Each subcommand parses its flags and calls the library; bad input exits 2 with the error's message.
 """
 import argparse
 import importlib.metadata
+import logging
 import os
 import sys
 import textwrap
 
+from nbddp import log
 from nbddp.errors import NbddpError, UsageError
 from nbddp.export import export
 from nbddp.export.help import export_epilog
@@ -104,6 +108,16 @@ def add_parameter_options(command) -> None:
     command.add_argument("--timeout", type=int, default=1800, help="seconds each notebook cell may run (default: %(default)s)")
 
 
+def add_log_options(command) -> None:
+    """-q/-v: the level of nbddp's own messages, here and in the processes it starts (NBDDP_LOG_LEVEL)."""
+    levels = command.add_mutually_exclusive_group()
+    levels.add_argument("-q", "--quiet", dest="log_level", action="store_const", const=logging.WARNING,
+                        help="warnings, errors and the result only: no progress or info lines (run: the "
+                             "workers' stdout goes to its logs/ only)")
+    levels.add_argument("-v", "--verbose", dest="log_level", action="store_const", const=logging.DEBUG,
+                        help="more: a progress line for every logged training step")
+
+
 def add_set_option(command, scope="") -> None:
     command.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
                          help="override a keyword of the training arguments the notebook builds (TrainingArguments, "
@@ -175,6 +189,7 @@ def add_smoke_command(subcommands) -> None:
     add_parameter_options(command)
     add_set_option(command)
     add_batch_layout_option(command)
+    add_log_options(command)
     command.set_defaults(run=run_smoke)
 
 
@@ -196,6 +211,7 @@ def add_launch_command(subcommands) -> None:
     add_set_option(command)
     add_batch_layout_option(command)
     command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
+    add_log_options(command)
     slurm = command.add_argument_group("SLURM", "write an sbatch script instead of running (one torchrun per node)")
     slurm.add_argument("--slurm", action="store_true", help="write the job script; --nodes sets the node count")
     slurm.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs, and so workers, per node (default: 1)")
@@ -232,6 +248,7 @@ def add_run_command(subcommands) -> None:
     add_parameter_options(command)
     add_set_option(command)
     add_batch_layout_option(command)
+    add_log_options(command)
     command.set_defaults(run=run_pipeline)
 
 
@@ -306,9 +323,14 @@ def version() -> str:
 def main(argv=None) -> int:
     """Run one subcommand; returns the exit status (argparse itself exits 2 on a bad flag)."""
     args = build_parser().parse_args(argv)
+    level = log.logger.level
+    if getattr(args, "log_level", None) is not None:
+        log.set_level(args.log_level)
     try:
         return args.run(args)
     except NbddpError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_status
+    finally:
+        log.set_level(level)  # main() called again in this process (tests) starts from the same level
 

@@ -3,7 +3,8 @@
 The command is `sys.executable -m torch.distributed.run ...` (torchrun of this interpreter) built as
 a list and run without a shell. `--nproc-per-node auto` means one process per visible GPU or,
 without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too. SIGINT or SIGTERM stops torchrun and
-every worker, and says where to resume (`stopping`).
+every worker, and says where to resume (`stopping`). The workers get the `nbddp` logger's level as NBDDP_LOG_LEVEL
+(`nbddp.log`); with `-q` and a log folder, the console shows their stderr only (their stdout is in the folder).
 """
 
 import os
@@ -12,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.orchestration import devices, environment, failure_report, hang_watch, parameters, stderr_tail, stopping
 
@@ -90,8 +92,8 @@ def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, e
         # A restarted worker starts the script afresh; the runtime resumes from the last checkpoint.
         command += ["--max-restarts", str(options.max_restarts)]
     if log_dir is not None:
-        # Every rank's stdout and stderr into files under log_dir, and still on the console.
-        command += ["--log-dir", str(log_dir), "--tee", "3"]
+        # Every rank's stdout and stderr into files under log_dir, and still on the console (with -q: stderr only).
+        command += ["--log-dir", str(log_dir), *(["--redirects", "1", "--tee", "2"] if log.quiet() else ["--tee", "3"])]
     command += [str(script), *script_args]
     return LaunchPlan(command, env_additions(processes, environ) | (extra_env or {}), str(script), tuple(script_args),
                       processes)
@@ -128,7 +130,7 @@ def execute(plan, environ=None):
     """Run the plan; returns torchrun's exit status. When torchrun fails, prints which rank failed, where,
     and how far training got (`failure_report`). Raises stopping.Interrupted, naming the checkpoint to resume
     from, when a signal stopped it."""
-    env = environment.child_environment(environ=environ) | plan.env_additions
+    env = environment.child_environment(environ=environ) | log.environment() | plan.env_additions
     try:
         with hang_watch.watching(env) as watch:
             status, stderr = stderr_tail.run(plan.command, env)
@@ -165,7 +167,7 @@ def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOpti
         return 0
     if not Path(script).is_file():
         raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
-    print(f"launch: {plan.describe()}", flush=True)
+    log.logger.info(f"launch: {plan.describe()}")
     return execute(plan)
 
 

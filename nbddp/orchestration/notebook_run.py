@@ -2,7 +2,8 @@
 
 Papermill runs as `python -m papermill` so that CUDA_VISIBLE_DEVICES and the kernelspec search
 path change for the child only. Its executed notebook is the record: a failure is read back from
-it (cell_failure) and reported at the source notebook cell and line (sourcemap).
+it (cell_failure) and reported at the source notebook cell and line (sourcemap). The console shows papermill's
+cell counter and the kernel's training progress (`progress.log`, NBDDP_PROGRESS_FILE), neither with `-q`.
 """
 
 import sys
@@ -15,7 +16,7 @@ import jupytext
 import nbformat
 import yaml
 
-from nbddp import errors
+from nbddp import errors, log
 from nbddp.errors import NotebookError
 from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr, stopping
 from nbddp.orchestration import parameters as orchestration_parameters
@@ -25,6 +26,7 @@ from nbddp.orchestration.sourcemap import SourceMap
 PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}
 DEAD_KERNEL_STATUS = 138  # papermill's exit status when the kernel died
 PAPERMILL_LOG = "papermill.stderr.log"
+PROGRESS_LOG = "progress.log"  # the kernel's training progress lines (nbddp.runtime.progress), echoed as they come
 # What the runtime raises for bad input (require_fields, require_model, output_dir): in a cell, still bad input.
 BAD_INPUT_ERRORS = frozenset(name for name, value in vars(errors).items()
                              if isinstance(value, type) and issubclass(value, errors.NbddpError))
@@ -56,9 +58,9 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
     """Execute `notebook` (converted from `script`) with `parameters` injected (its `workdir` absolute, see
     `parameters.with_absolute_paths`); results in `out_dir`. `extra_env`: variables for the kernel on top of ours.
 
-    Writes `<stem>.ipynb` (executed), `<stem>.html`, the cells' stdout/stderr logs and papermill's own stderr
-    (`papermill.stderr.log`). Raises NotebookRunFailed naming the source notebook, cell and line when a cell fails,
-    stopping.Interrupted when a signal stopped papermill and its kernel.
+    Writes `<stem>.ipynb` (executed), `<stem>.html`, the cells' stdout/stderr logs, papermill's own stderr
+    (`papermill.stderr.log`) and the training progress (`progress.log`). Raises NotebookRunFailed naming the source
+    notebook, cell and line when a cell fails, stopping.Interrupted when a signal stopped papermill and its kernel.
     """
     out_dir = Path(out_dir)
     stem = Path(script).stem
@@ -69,19 +71,21 @@ def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, ti
         given = Path(scratch) / f"{stem}.ipynb"
         nbformat.write(notebook, given)
         env = environment.child_environment(cuda_visible_devices, kernel.write_kernelspec(Path(scratch) / "jupyter"))
-        env |= extra_env or {}
-        command = papermill_command(given, executed, parameters, out_dir, timeout, progress)
+        progress_log = out_dir / PROGRESS_LOG
+        files.write_text(progress_log, "")
+        env |= log.environment() | {log.PROGRESS_FILE_ENV: str(progress_log.resolve())} | (extra_env or {})
+        command = papermill_command(given, executed, parameters, out_dir, timeout, progress and not log.quiet())
         started = time.monotonic()
         try:
-            status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG)
+            status = papermill_stderr.run(command, env, out_dir / PAPERMILL_LOG, progress_log)
         except stopping.Interrupted as stopped:
             raise stopping.Interrupted(stopped.signum, f"papermill and its kernel have exited; the notebook run "
                                                        f"wrote into {files.shown(out_dir)}") from None
         wall_time_s = time.monotonic() - started
     if not executed.exists():
-        log = out_dir / PAPERMILL_LOG
+        papermill_log = out_dir / PAPERMILL_LOG
         raise NotebookRunFailed(script, f"papermill exited with status {status} before running any cell"
-                                        f"{_last_line(log)}", hint=f"papermill's output: {log}")
+                                        f"{_last_line(papermill_log)}", hint=f"papermill's output: {papermill_log}")
     html = render_html(executed, html)
     if status != 0:
         raise _located_failure(script, executed, status, timeout)
@@ -109,9 +113,8 @@ def render_html(executed, html):
     try:
         body, _ = HTMLExporter().from_notebook_node(nbformat.read(executed, as_version=4), resources=resources)
     except (ValueError, OSError) as error:  # its templates missing: an nbconvert installed without data files
-        print(f"nbddp: warning: no HTML rendering of {executed} ({error.__class__.__name__}: "
-              f"{str(error).splitlines()[0]}); reinstall nbconvert with pip to get its templates",
-              file=sys.stderr, flush=True)
+        log.logger.warning(f"nbddp: warning: no HTML rendering of {executed} ({error.__class__.__name__}: "
+                           f"{str(error).splitlines()[0]}); reinstall nbconvert with pip to get its templates")
         return None
     files.write_text(html, body)
     return html

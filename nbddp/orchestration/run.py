@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+from nbddp import log
 from nbddp.errors import NbddpError
 from nbddp.orchestration import devices, files, launch, layout_check, parameters, plots, smoke, stopping
 from nbddp.orchestration.metrics import METRICS_FILE, last_trainer_state, read_metrics, read_trainer_state
@@ -73,7 +74,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
                                   extra_env=launch_env)  # planned before the smoke runs too: bad flags fail first
     else:
         smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke", overrides_env)
-    print(f"launch: {plan.describe()}", flush=True)
+    log.logger.info(f"launch: {plan.describe()}")
     status = launch.execute(plan)
     if status != 0:
         raise LaunchFailed(status, logs)

@@ -65,17 +65,19 @@ def activate(backend: str) -> None:
 def _patch_trainer() -> None:
     """Trainers honour and check the gradient checkpointing the notebook chose (see `checkpointing`), lay out the
     batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
-    one process's (see `eval_loss`), and a multimodal model's unused tower adapters do not stop DDP (see
-    `unused_parameters`)."""
+    one process's (see `eval_loss`), a multimodal model's unused tower adapters do not stop DDP (see
+    `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`)."""
     from transformers import Trainer
 
     from nbddp.runtime import fuller_batch, unused_parameters
     from nbddp.runtime.eval_loss import patch_evaluation_loop
+    from nbddp.runtime.trainer_patches import register_callbacks
 
     checkpointing.patch_trainer(Trainer)
     fuller_batch.patch_trainer(Trainer)
     patch_evaluation_loop(Trainer)
     unused_parameters.patch_trainer(Trainer)
+    register_callbacks()
 
 
 def _unsloth_installed() -> bool:

@@ -18,6 +18,11 @@ process's peak resident memory on a CPU.
 `MetricsCallback()` without a path writes to the trainer's `<args.output_dir>/metrics.jsonl`: what the rewrite
 record-metrics adds (as `ddp.metrics_callback()`) to a trainer that a notebook built without callbacks.
 
+On rank 0 it also adds `tokens_per_s`, `peak_mem_gib` and (with a batch plan) `global_batch` to the Trainer's
+training logs, for the callbacks that come after it: `nbddp.runtime.trainer_patches` puts it before the reporting
+ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show them beside Transformers' own scalars, and
+`TrainingProgress` (nbddp.runtime.progress) shows tokens/s. The Trainer's `log_history` does not get them.
+
 Each `trainer.train()` starts the file afresh, except one that resumes from a checkpoint at step S: it keeps
 the lines up to step S and appends, so a run killed and resumed reads as one run.
 """
@@ -32,6 +37,8 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from nbddp.runtime import batch_plan
+
+LOGGED = ("tokens_per_s", "peak_mem_gib")  # added to the training log, for the callbacks after this one
 
 
 class MetricsCallback(TrainerCallback):
@@ -74,7 +81,12 @@ class MetricsCallback(TrainerCallback):
         if logs and "loss" in logs:  # every rank logs the training loss at the same steps: sum the count here
             tokens = self._take_tokens()
             if state.is_world_process_zero:
-                self._write(self._step_record(state, logs, tokens))
+                record = self._step_record(state, logs, tokens)
+                self._write(record)
+                plan = batch_plan.of(args)
+                logs.update({name: record[name] for name in LOGGED if record[name] is not None})
+                if plan is not None:
+                    logs["global_batch"] = plan.global_batch
         elif not state.is_world_process_zero or not logs:
             return
         elif "eval_loss" in logs:

@@ -1,4 +1,5 @@
-"""The one Trainer patch the unsloth backend needs under DDP.
+"""The one Trainer patch the unsloth backend needs under DDP, and where nbddp's own callbacks join every Trainer
+(`register_callbacks`, for both backends).
 
 Unsloth issue #3452 (https://github.com/unslothai/unsloth/issues/3452): Unsloth's fused cross-entropy returns
 the loss as a view created inside a custom autograd Function. With more than one process, transformers'
@@ -12,6 +13,7 @@ model is patched; ours depends on no source text: while `compute_loss` runs, a f
 of the model's loss, an ordinary tensor that it may scale in place. Trainers that subclass `Trainer` (TRL's
 `SFTTrainer`, Unsloth's generated `UnslothSFTTrainer`) reach it through `super().compute_loss`.
 """
+import functools
 from collections.abc import Mapping
 
 
@@ -39,3 +41,30 @@ def patch_compute_loss(trainer_class) -> None:
 
     compute_loss.nbddp_clones_model_loss = True
     trainer_class.compute_loss = compute_loss
+
+
+def register_callbacks() -> None:
+    """Every Trainer built from now on shows its progress through `progress.TrainingProgress`, and has its
+    `metrics.MetricsCallback` (given by the notebook or added later) ahead of its other callbacks: it adds nbddp's
+    figures to the training logs, which the reporting callbacks (TensorBoard, ...), first in Transformers' order,
+    would otherwise have written before it. Registering twice is once."""
+    from transformers.trainer_callback import CallbackHandler
+
+    from nbddp.runtime import progress
+
+    progress.register()
+    if not getattr(CallbackHandler.add_callback, "nbddp_metrics_first", False):
+        CallbackHandler.add_callback = _metrics_first(CallbackHandler.add_callback)
+
+
+def _metrics_first(original):
+    from nbddp.runtime.metrics import MetricsCallback
+
+    @functools.wraps(original)
+    def add_callback(self, callback):
+        original(self, callback)
+        if isinstance(self.callbacks[-1], MetricsCallback):
+            self.callbacks.insert(0, self.callbacks.pop())
+
+    add_callback.nbddp_metrics_first = True
+    return add_callback
