@@ -178,23 +178,25 @@ def takes_text_parts(model_ids: list[str]) -> bool:
 def text_variant(source: Path, template_name: str, folder: Path, text_parts=False) -> Path:
     """A copy of the tiny chat model in `folder` whose tokenizer's chat template is the table's `template_name`
     (with `text_parts`, after TEXT_PARTS_PRELUDE)."""
-    target = folder / f"{source.name}-{template_name}{'-text-parts' if text_parts else ''}"
-    if not target.is_dir():
-        staging = _staging(target)
-        for path in sorted(p for p in source.iterdir() if p.is_file()):
-            shutil.copyfile(path, staging / path.name)
+    def change(staging):
         config = json.loads((staging / "tokenizer_config.json").read_text(encoding="utf-8"))
         config["chat_template"] = (TEXT_PARTS_PRELUDE if text_parts else "") + _template(template_name)
         (staging / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+    return _variant(source, folder / f"{source.name}-{template_name}{'-text-parts' if text_parts else ''}", change)
+
+
+def _variant(source: Path, target: Path, change) -> Path:
+    """`target`: a copy of the files of `source` that `change(folder)` then edits, written whole or not at all."""
+    if not target.is_dir():
+        staging = target.with_name(target.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for path in sorted(p for p in source.iterdir() if p.is_file()):
+            shutil.copyfile(path, staging / path.name)
+        change(staging)
         staging.rename(target)
     return target
-
-
-def _staging(target: Path) -> Path:
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
 
 
 def image_token(template_names: list[str]) -> str | None:
@@ -211,17 +213,13 @@ def remote_code_variant(source: Path, auto_class: str, folder: Path) -> Path:
     """A copy of the tiny vision model in `folder` that `auto_class` (AutoModelForCausalLM) loads with
     `trust_remote_code=True`, through its config's `auto_map`, as the remote-code vision models that register only
     that class do (ERNIE-4.5-VL, PaddleOCR-VL; Unsloth loads them with the notebook's `auto_model`)."""
-    target = folder / f"{source.name}-{auto_class}"
-    if not target.is_dir():
-        staging = _staging(target)
-        for path in sorted(p for p in source.iterdir() if p.is_file()):
-            shutil.copyfile(path, staging / path.name)
+    def change(staging):
         config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
         config["auto_map"] = {auto_class: f"{REMOTE_MODULE}.{REMOTE_CLASS}"}
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         (staging / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE, encoding="utf-8")
-        staging.rename(target)
-    return target
+
+    return _variant(source, folder / f"{source.name}-{auto_class}", change)
 
 
 def own_vision_template(model_ids: list[str]) -> tuple[str, str, str] | None:
@@ -239,13 +237,10 @@ def vision_variant(source: Path, token: str, folder: Path, template: tuple[str, 
     if token == TINY_IMAGE_TOKEN and template is None:
         return source
     suffix = template[0] if template else re.sub(r'[^A-Za-z0-9]+', '_', token).strip('_')
-    target = folder / f"{source.name}-{suffix}"
-    if not target.is_dir():
-        staging = _staging(target)
-        for path in sorted(p for p in source.iterdir() if p.is_file()):
-            (staging / path.name).write_text(path.read_text(encoding="utf-8").replace(TINY_IMAGE_TOKEN, token),
-                                             encoding="utf-8")
+    def change(staging):
+        for path in sorted(staging.iterdir()):
+            path.write_text(path.read_text(encoding="utf-8").replace(TINY_IMAGE_TOKEN, token), encoding="utf-8")
         if template:
             (staging / "chat_template.jinja").write_text(template[1], encoding="utf-8")
-        staging.rename(target)
-    return target
+
+    return _variant(source, folder / f"{source.name}-{suffix}", change)
