@@ -27,6 +27,15 @@ class _Console(logging.Handler):
             self.handleError(record)
 
 
+def info(message: str) -> None:
+    """An info line (hidden by -q); the runtime's `nbddp: ...` lines use this and `warning`."""
+    logger.info(message)
+
+
+def warning(message: str) -> None:
+    logger.warning(message)
+
+
 def set_level(level: int) -> None:
     logger.setLevel(level)
 

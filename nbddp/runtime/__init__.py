@@ -12,6 +12,7 @@ when `setup` patches TRL (see `backends`).
 import builtins
 import sys
 
+from nbddp import log
 from nbddp.errors import NbddpError
 from nbddp.runtime.flags import apply_flags, defined_in, running_in_kernel
 from nbddp.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, WORKDIR
@@ -62,5 +63,5 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     checkpoint_callback.register()
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
-        print(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}", flush=True)
+        log.info(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}")
     return ddp

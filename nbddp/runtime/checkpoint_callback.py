@@ -34,13 +34,13 @@ checkpoints only, once the new one is marked.
 """
 import functools
 import os
-import sys
 
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 from transformers import trainer as transformers_trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from nbddp import log
 from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
 from nbddp.runtime import batch_plan
@@ -96,8 +96,8 @@ def checkpoint_folder(trainer) -> str:
         index = _trainers_per_output_dir[key] = _trainers_per_output_dir.get(key, 0) + 1
         callback.folder = output_dir if index == 1 else os.path.join(output_dir, f"trainer-{index}")
         if index > 1 and trainer.is_world_process_zero():
-            print(f"nbddp: {type(trainer).__name__} is trainer {index} of this script with output_dir {output_dir}: "
-                  f"its checkpoints go to {callback.folder}", flush=True)
+            log.info(f"nbddp: {type(trainer).__name__} is trainer {index} of this script with output_dir {output_dir}: "
+                     f"its checkpoints go to {callback.folder}")
     return callback.folder
 
 
@@ -114,7 +114,7 @@ def resume_point(trainer, why: str, world_size: int) -> str | None:
     decision = [None, None]  # (the checkpoint's path, why resuming it is refused)
     if not dist.is_initialized() or dist.get_rank() == 0:
         for path in checkpoint_markers.incomplete_dirs(folder):
-            print(f"nbddp: removing {path}: incomplete (the run stopped while writing it)", flush=True)
+            log.info(f"nbddp: removing {path}: incomplete (the run stopped while writing it)")
             checkpoint_markers.remove(path)
         chosen = checkpoint_markers.latest_complete(folder)
         decision = [str(chosen.path) if chosen else None, _changed_batch(chosen, batch_plan.of(trainer.args), why)]
@@ -171,9 +171,9 @@ def _begin_run(trainer, callback, checkpoint):
         found = checkpoint_markers.checkpoint_dirs(folder) if checkpoint is None else []
         if found:
             moved = checkpoint_markers.move_aside(folder)
-            print(f"nbddp: {folder} held the checkpoints of an earlier run ({', '.join(p.name for p in found)}): "
-                  f"moved them to {moved}, so that this run starts afresh without rewriting them; to continue that "
-                  "run instead, move them back and pass --resume true", flush=True)
+            log.info(f"nbddp: {folder} held the checkpoints of an earlier run ({', '.join(p.name for p in found)}): "
+                     f"moved them to {moved}, so that this run starts afresh without rewriting them; to continue that "
+                     "run instead, move them back and pass --resume true")
     if dist.is_initialized():
         dist.barrier()
 
@@ -186,12 +186,12 @@ def _callback(trainer) -> CompleteCheckpointsCallback | None:
 
 def _announce_resume(chosen, folder, why, world_size):
     if chosen is None:
-        print(f"nbddp: {why}: no complete checkpoint in {folder}; training from the start", flush=True)
+        log.info(f"nbddp: {why}: no complete checkpoint in {folder}; training from the start")
         return
-    print(f"nbddp: {why}: resuming from {chosen.path} (step {chosen.step})", flush=True)
+    log.info(f"nbddp: {why}: resuming from {chosen.path} (step {chosen.step})")
     if chosen.world_size != world_size and chosen.global_batch is None:  # before markers had it
-        print(f"nbddp: warning: {chosen.path} was written by {chosen.world_size} processes, this run has "
-              f"{world_size}: the batches after it may differ from an uninterrupted run's", file=sys.stderr)
+        log.warning(f"nbddp: warning: {chosen.path} was written by {chosen.world_size} processes, this run has "
+                    f"{world_size}: the batches after it may differ from an uninterrupted run's")
 
 
 def _changed_batch(checkpoint, plan, why) -> str | None:

@@ -27,6 +27,7 @@ import sys
 
 import torch
 
+from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.runtime.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
                                            format_gib, shape_from_model)
@@ -143,9 +144,9 @@ def choose_gradient_checkpointing(use_gradient_checkpointing, model, max_seq_len
     choice = dataclasses.replace(choice, mode=mode, reason=reason)
     model.nbddp_checkpointing = choice
     if _is_rank0():
-        print(f"nbddp: {choice.describe()}", flush=True)
+        log.info(f"nbddp: {choice.describe()}")
         if choice.warning():
-            print(f"nbddp: warning: {choice.warning()}", flush=True)
+            log.info(f"nbddp: warning: {choice.warning()}")
     return choice.value
 
 
@@ -181,8 +182,7 @@ def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:
         if hasattr(trainer.model, "_require_grads_hook"):  # transformers 4.x fails without one to remove
             trainer.model.disable_input_require_grads()
         if _is_rank0():
-            print("nbddp: the trainer's gradient_checkpointing turned off, as use_gradient_checkpointing chose",
-                  flush=True)
+            log.info("nbddp: the trainer's gradient_checkpointing turned off, as use_gradient_checkpointing chose")
     trainer.add_callback(FirstStepMemoryCheck(choice))
 
 

@@ -21,6 +21,7 @@ When the trainer's gradient accumulation is even and twice its per-device batch 
 import torch
 from transformers import TrainerCallback
 
+from nbddp import log
 from nbddp.runtime import batch_plan
 from nbddp.runtime.memory_estimate import GIB, estimate_peak, format_gib
 
@@ -46,9 +47,9 @@ class FirstStepMemoryCheck(TrainerCallback):
             return
         self.estimate_gib = estimate_peak(choice.shape, seq_len, batch, choice.mode, choice.transformers_peft)["total_gib"]
         if state.is_world_process_zero:
-            print(f"nbddp: gradient checkpointing {choice.mode} was chosen for batch {choice.micro_batch} x "
-                  f"{choice.seq_len} tokens, the trainer runs {batch} x {seq_len}: estimated peak "
-                  f"{self.estimate_gib:.1f} GiB against a {choice.budget_gib:.1f} GiB budget", flush=True)
+            log.info(f"nbddp: gradient checkpointing {choice.mode} was chosen for batch {choice.micro_batch} x "
+                     f"{choice.seq_len} tokens, the trainer runs {batch} x {seq_len}: estimated peak "
+                     f"{self.estimate_gib:.1f} GiB against a {choice.budget_gib:.1f} GiB budget")
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._checked or args.device.type != "cuda":
@@ -60,14 +61,14 @@ class FirstStepMemoryCheck(TrainerCallback):
         report, warning = first_step_report(self.choice.mode, self.estimate_gib, peak / GIB, reserved / GIB,
                                             total / GIB, str(device))
         if state.is_world_process_zero:
-            print(f"nbddp: {report}", flush=True)
+            log.info(f"nbddp: {report}")
             tip = larger_micro_batch_tip(self.choice, args.per_device_train_batch_size,
                                          args.gradient_accumulation_steps, self.seq_len, reserved / GIB)
             plan = batch_plan.of(args)
             if tip and not (plan and plan.fuller):  # --batch_layout auto already chose the micro batch
-                print(f"nbddp: tip: {tip}", flush=True)
+                log.info(f"nbddp: tip: {tip}")
         if warning:
-            print(f"nbddp: warning: rank {args.process_index}: {warning}", flush=True)
+            log.info(f"nbddp: warning: rank {args.process_index}: {warning}")
 
 
 def first_step_report(mode: str, estimate_gib: float | None, peak_gib: float, reserved_gib: float,

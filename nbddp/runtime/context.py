@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
+from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.runtime import batch_plan, smoke_sandbox
 from nbddp.runtime.flags import process_group_timeout, running_in_kernel
@@ -113,8 +114,8 @@ class DistributedContext:
                 status = subprocess.run(expanded, shell=True, executable=os.environ.get("SHELL") or None,
                                         stdin=subprocess.DEVNULL).returncode
                 if status:
-                    print(f"nbddp: warning: `!{command}` exited with status {status}; the script goes on, as a "
-                          "notebook does", file=sys.stderr, flush=True)
+                    log.warning(f"nbddp: warning: `!{command}` exited with status {status}; the script goes on, as a "
+                                "notebook does")
 
     def write_file(self, path, text, append=False):
         """A notebook's `%%writefile [-a] path` cell: write its text once per machine, as `shell` runs a command,
@@ -148,8 +149,8 @@ class DistributedContext:
         capped = int(text) if by_epochs else min(int(text), steps)
         if self.is_main_process and capped != steps:
             written = "its epochs" if by_epochs else f"{steps} steps"
-            print(f"nbddp: NBDDP_MAX_STEPS={text.strip()}: training stops after {capped} steps (the notebook says "
-                  f"{written})", file=sys.stderr, flush=True)
+            log.warning(f"nbddp: NBDDP_MAX_STEPS={text.strip()}: training stops after {capped} steps (the notebook "
+                        f"says {written})")
         return capped
 
     def output_dir(self, path):
@@ -188,13 +189,13 @@ class DistributedContext:
             if self.is_main_process:
                 name = config_class.__name__
                 for note in notes:
-                    print(f"nbddp: {name}: --set {note}", flush=True)
+                    log.info(f"nbddp: {name}: --set {note}")
                 if grouped != micro_batch:
-                    print(f"nbddp: {name}: per_device_train_batch_size {micro_batch} -> {grouped} on one device, a "
-                          f"multiple of num_generations={generation[0]}, as Unsloth sets it", flush=True)
-                print(f"nbddp: {name}: {plan.describe()}", flush=True)
+                    log.info(f"nbddp: {name}: per_device_train_batch_size {micro_batch} -> {grouped} on one device, a "
+                             f"multiple of num_generations={generation[0]}, as Unsloth sets it")
+                log.info(f"nbddp: {name}: {plan.describe()}")
                 if plan.warning:
-                    print(f"nbddp: warning: {name}: {plan.warning}", file=sys.stderr, flush=True)
+                    log.warning(f"nbddp: warning: {name}: {plan.warning}")
             return config
 
         return build
@@ -233,7 +234,7 @@ class DistributedContext:
             return name
         if self.is_main_process and name not in self._warned_optimizers:
             self._warned_optimizers.add(name)
-            print(f"nbddp: optim={name!r} needs bitsandbytes and CUDA; using 'adamw_torch' here", file=sys.stderr)
+            log.warning(f"nbddp: optim={name!r} needs bitsandbytes and CUDA; using 'adamw_torch' here")
         return "adamw_torch"
 
     def checkpoint_to_resume(self, trainer):

@@ -27,6 +27,7 @@ import pyarrow.compute
 import torch
 import torch.distributed as dist
 
+from nbddp import log
 from nbddp.runtime import batch_plan
 from nbddp.runtime.batch_plan import BatchPlan
 from nbddp.runtime.checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
@@ -287,4 +288,4 @@ def _all_ranks(ok: bool, device) -> bool:
 
 def _say(text: str) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"nbddp: {text}", flush=True)
+        log.info(f"nbddp: {text}")

@@ -24,11 +24,11 @@ import importlib.util
 import inspect
 import os
 import re
-import sys
 from collections import Counter
 
 import torch
 
+from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
 from nbddp.runtime import hf_rl_environments
@@ -500,4 +500,4 @@ def _set_padding_side(model, side: str) -> None:
 
 def _warn_on_rank0(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
-        print(f"nbddp: {message}", file=sys.stderr)
+        log.warning(f"nbddp: {message}")

@@ -32,6 +32,7 @@ import json
 import warnings
 from importlib import resources
 
+from nbddp import log
 from nbddp.errors import DataError, UsageError
 from nbddp.runtime.hf_chat_markers import Marker, marker_tokens, template_markers, turn_ends
 
@@ -139,7 +140,7 @@ def _remap_tokens(tokenizer, token_mapping, stop_word: str, map_eos_token: bool)
     if token_mapping:
         for old, new in token_mapping.items():
             if new in vocab:
-                print(f"nbddp: get_chat_template: {new} is already a token; not renaming {old} to it")
+                log.info(f"nbddp: get_chat_template: {new} is already a token; not renaming {old} to it")
             elif old not in vocab:
                 raise UsageError(
                     f"get_chat_template: the template renames the token {old} to {new}, but {old} is not in this "
@@ -152,7 +153,7 @@ def _remap_tokens(tokenizer, token_mapping, stop_word: str, map_eos_token: bool)
         if map_eos_token and stop_word not in token_mapping.values():
             renames[eos] = stop_word
     elif map_eos_token and stop_word != "eos_token":
-        print(f"nbddp: get_chat_template: the EOS token {eos} is renamed {stop_word}")
+        log.info(f"nbddp: get_chat_template: the EOS token {eos} is renamed {stop_word}")
         renames = {eos: stop_word, stop_word: eos} if stop_word in vocab else {eos: stop_word}
     else:
         return False
@@ -315,8 +316,8 @@ def train_on_responses_only(
     tokenizer = tokenizer or trainer.processing_class
     if instruction_part is None and response_part is None:
         instruction_part, response_part = template_markers(tokenizer)
-        print(f"nbddp: train_on_responses_only: instruction_part={instruction_part!r}, "
-              f"response_part={response_part!r} (read from the chat template)")
+        log.info(f"nbddp: train_on_responses_only: instruction_part={instruction_part!r}, "
+                 f"response_part={response_part!r} (read from the chat template)")
     elif instruction_part is None or response_part is None:
         raise UsageError("train_on_responses_only: give both instruction_part and response_part, or neither to "
                          "read them from the chat template")
@@ -344,7 +345,8 @@ def train_on_responses_only(
             raise UsageError(f"train_on_responses_only: no row of {name} contains response_part {response_part!r}; "
                              "pass the markers your chat template writes (or neither, to read them from it)")
         if len(kept) < len(dataset):
-            print(f"nbddp: dropped {len(dataset) - len(kept)} of {len(dataset)} rows of {name} with no response to train on")
+            log.info(f"nbddp: dropped {len(dataset) - len(kept)} of {len(dataset)} rows of {name} with no response to "
+                     "train on")
         return kept
 
     trainer.train_dataset = relabel(trainer.train_dataset, "train_dataset")

@@ -24,6 +24,8 @@ Rank 0 prints one line saying which and why.
 """
 import functools
 
+from nbddp import log
+
 MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
 
 
@@ -87,8 +89,8 @@ def wrap_for_unused_parameters(trainer, outside: list[str]) -> None:
                    f"({accumulation} steps here; pytorch#143580)")
         model = prepare_model(*args, **kwargs)
         if isinstance(model, DistributedDataParallel) and accelerator.is_main_process:
-            print(f"nbddp: {len(outside)} trainable tensors lie outside the language model ({outside[0]}, ...): DDP "
-                  f"runs with {how}", flush=True)
+            log.info(f"nbddp: {len(outside)} trainable tensors lie outside the language model ({outside[0]}, ...): DDP "
+                     f"runs with {how}")
         return model
 
     accelerator.prepare_model = prepare

@@ -101,3 +101,13 @@ def test_imports_stay_light():
 
 def test_flags_module_is_what_the_package_exports():
     assert runtime.apply_flags is flags.apply_flags
+
+
+@pytest.mark.parametrize("level, shown", [("INFO", True), ("WARNING", False)])
+def test_the_runtimes_info_lines_follow_nbddps_log_level(level, shown):
+    # `pipeline.py launch -q` gives the workers NBDDP_LOG_LEVEL=WARNING: the runtime's `nbddp: ...` info lines go.
+    code = 'from nbddp import runtime; runtime.setup(backend="hf", script=None)'
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "NBDDP_LOG_LEVEL": level})
+    assert result.returncode == 0, result.stderr
+    assert ("nbddp: backend=hf" in result.stdout) is shown
