@@ -64,4 +64,18 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         log.info(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}")
+    else:
+        _no_progress_bars()
     return ddp
+
+
+def _no_progress_bars():
+    """On ranks other than 0: no Hugging Face progress bars, copies of rank 0's (datasets' map, loading weights),
+    each refresh of which torchrun's pipes make a console line."""
+    import datasets
+    import huggingface_hub.utils
+    import transformers.utils.logging
+
+    datasets.disable_progress_bars()
+    huggingface_hub.utils.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()

@@ -42,6 +42,7 @@ def test_the_default_run_shows_a_line_every_tenth_of_the_steps_and_tensorboard_h
     assert [int(re.search(r"step (\d+)/", line)[1]) for line in training] == [1, *range(4, 41, 4)], shown
     assert re.search(r"step 40/40 \(100%\): loss \d+\.\d{4}, [\d,]+ tokens/s, ETA", training[-1])
     assert not any("[default1]:nbddp: step" in line or "{'loss'" in line for line in lines), shown
+    assert not any(line.startswith("[default1]:") and "%|" in line for line in lines), shown  # rank 0's bars only
     assert "nbddp: step 3/3 (100%)" in "\n".join(line for line in lines if line.startswith("nbddp: step"))  # smoke
     assert len(lines) < 200, shown  # data preparation bars included; 173 lines at 20 steps, more every step, before
 
