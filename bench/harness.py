@@ -33,6 +33,7 @@ from bench.flops import flops_per_token
 from bench.materialize import shape_config
 from bench.memory_model import choose_checkpointing
 from bench.stats import paired_ratios, summarize
+from nbddp.formats import metrics
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = {"generated": "generated/train.py", "reference": "bench/reference_ddp.py"}
@@ -279,7 +280,7 @@ def keep_in_logs(info):
     device call returns per file, and the call returned no logs). Traces stay on the host under --work."""
     if info.name.endswith("_trace.json.gz"):
         return None
-    if info.isdir() or "/output/" not in info.name or info.name.endswith("metrics.jsonl"):
+    if info.isdir() or "/output/" not in info.name or info.name.endswith(metrics.METRICS_FILE):
         return info
     return None
 

@@ -54,6 +54,8 @@ import sys
 import time
 from pathlib import Path
 
+from nbddp.formats import metrics
+
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / ".gpu-site" / "notebooks"
 TINY_MODEL = REPO / "models" / "tiny-llama"
@@ -478,8 +480,8 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
     dest = Path(out) / "trials" / name / label
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
-    if (output_dir / "metrics.jsonl").exists():
-        shutil.copyfile(output_dir / "metrics.jsonl", dest / "metrics.jsonl")
+    if (output_dir / metrics.METRICS_FILE).exists():
+        shutil.copyfile(output_dir / metrics.METRICS_FILE, dest / metrics.METRICS_FILE)
     state = latest_trainer_state(output_dir)
     if state:
         shutil.copyfile(state, dest / "trainer_state.json")
@@ -501,23 +503,13 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
 
 def read_metrics(path):
     """(per-step records, end record or None, batch_plan record or None) of a metrics.jsonl."""
-    steps, end, plan = [], None, None
     path = Path(path)
     if not path.exists():
-        return steps, end, plan
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        event = record.get("event")
-        if event == "end":
-            end = record
-        elif event == "batch_plan":
-            plan = record
-        elif event is None and "loss" in record:
-            steps.append(record)
-    return steps, end, plan
+        return [], None, None
+    records = metrics.read(path, strict=False)
+    ends, plans = metrics.events(records, "end"), metrics.events(records, "batch_plan")
+    return ([record for record in metrics.steps(records) if "loss" in record], ends[-1] if ends else None,
+            plans[-1] if plans else None)
 
 
 def warmup_steps(count):
@@ -652,7 +644,7 @@ def summarize(out, dest=None):
             record = json.loads((trial_dir / "trial.json").read_text())
             state = (json.loads((trial_dir / "trainer_state.json").read_text())
                      if (trial_dir / "trainer_state.json").exists() else None)
-            trials.append((record, trial_figures(*read_metrics(trial_dir / "metrics.jsonl"), state=state)))
+            trials.append((record, trial_figures(*read_metrics(trial_dir / metrics.METRICS_FILE), state=state)))
         trials.sort(key=lambda t: (t[0]["round"], VARIANTS.index(t[0]["variant"])))
         parts[part_dir.name] = summarize_part(facts, trials)
     order = environment.get("parts_requested") or []

@@ -3,8 +3,8 @@ import json
 import pytest
 
 from nbddp.errors import NbddpError
-from nbddp.export.sourcemap import sha256
 from nbddp.export.writer import edited_by_hand, refuse_hand_edited, stale_files, write_files
+from nbddp.formats.sourcemap import sha256
 
 
 def test_writes_every_file_and_leaves_no_temporary_files(tmp_path):

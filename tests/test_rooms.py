@@ -11,6 +11,8 @@ import pytest
     ("nbddp.orchestration.launch", ("libcst", "nbddp.export")),
     ("nbddp.orchestration.run", ("libcst", "nbddp.export")),
     ("nbddp.runtime", ("libcst", "jupytext", "papermill", "nbddp.export", "nbddp.orchestration")),
+    ("nbddp.formats.sourcemap", ("libcst", "torch", "nbddp.export", "nbddp.runtime", "nbddp.orchestration")),
+    ("nbddp.formats.metrics", ("torch", "nbddp.export", "nbddp.runtime", "nbddp.orchestration")),
 ])
 def test_a_room_loads_without_the_others(module, absent):
     code = f"import sys, {module}; print(sorted(name for name in {absent!r} if name in sys.modules))"

@@ -45,7 +45,7 @@ def test_orchestration_parameters_never_run_a_value(name, marker):
     try:
         value = parameters.parse_flag(name, PAYLOAD.format(marker=marker), DEFAULTS[name])
     except UsageError as error:
-        assert str(error).startswith(f"-p {name} ")
+        assert str(error).startswith(f"-p {name}: ")
     else:
         assert value == PAYLOAD.format(marker=marker)
 

@@ -11,8 +11,8 @@ from nbddp.export.report import CellNote
 from nbddp.export.rewrites.base import ExportContext
 from nbddp.export.rewrites.ddp_blocks import main_process_first_block, rank0_block
 from nbddp.export.rewrites.dropped_lines import shorten_comments
-from nbddp.export.sourcemap import align_origins
 from nbddp.export.syntax import check_syntax
+from nbddp.formats.sourcemap import align_origins
 
 RANK0_NOTE = "wrapped in `if ddp.is_main_process:` and followed by `ddp.barrier()` (rank0)"
 MAIN_PROCESS_FIRST_NOTE = "wrapped in `with ddp.main_process_first():` (main-process-first)"
@@ -20,7 +20,7 @@ MAIN_PROCESS_FIRST_NOTE = "wrapped in `with ddp.main_process_first():` (main-pro
 
 @dataclass(frozen=True)
 class GeneratedCell:
-    """A cell of the script, with the origin of each of its source lines (see sourcemap.py)."""
+    """A cell of the script, with the origin of each of its source lines (see nbddp/formats/sourcemap.py)."""
 
     cell_type: str  # "code", "markdown" or "raw"
     source: str

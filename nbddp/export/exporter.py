@@ -16,8 +16,8 @@ from nbddp.export.notebooks import SourceCell, read_stages
 from nbddp.export.parameters import merge_parameters
 from nbddp.export.report import CellNote, ExportReport
 from nbddp.export.script import header_cell, render_script
-from nbddp.export.sourcemap import sourcemap_text
 from nbddp.export.writer import check_out_dir, refuse_hand_edited, stale_files, write_files
+from nbddp.formats.sourcemap import sourcemap_text
 
 SCRIPT_NAME = "train.py"
 SOURCEMAP_NAME = "train.sourcemap.json"

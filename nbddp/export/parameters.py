@@ -1,15 +1,12 @@
 """The `parameters` cells of all stages, checked and merged into the one parameters cell of the script."""
-import ast
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
-
 from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
-from nbddp.export.syntax import parse_cell
+from nbddp.export.syntax import check_syntax
+from nbddp.formats.parameters import ParametersCellError, read_cell
 from nbddp.script_parameters import NBDDP_PARAMETER_LINES, NBDDP_PARAMETERS
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
@@ -44,13 +41,24 @@ class MergedParameters:
 
 def read_parameters(cell: SourceCell) -> list[Parameter]:
     """The assignments of a parameters cell; anything but a literal assignment or a comment is an error."""
-    wrapper = MetadataWrapper(parse_cell(cell.location, cell.source))
-    positions = wrapper.resolve(PositionProvider)
+    try:
+        assignments = read_cell(check_syntax(cell.location, cell.source))
+    except ParametersCellError as error:
+        raise _not_an_assignment(cell, error) from None
     parameters = []
-    for statement in wrapper.module.body:
+    for assignment in assignments:
+        if assignment.name in RESERVED_NAMES:
+            raise NotebookError(
+                cell.location.notebook,
+                f"parameter name {assignment.name!r} is taken by the generated script",
+                cell=cell.location.cell,
+                line=assignment.line,
+                hint=f"rename it; nbddp itself defines {', '.join(RESERVED_NAMES)}",
+            )
         # The comments above an assignment go with it: they follow the previous assignment's last line.
         first_line = parameters[-1].last_line + 1 if parameters else 1
-        parameters.append(_parameter(statement, wrapper.module, positions, cell, first_line))
+        parameters.append(Parameter(assignment.name, assignment.default, cell, assignment.line, first_line,
+                                    assignment.end_line))
     return parameters
 
 
@@ -96,57 +104,22 @@ def merge_parameters(cells: list[SourceCell], workdir: str = ".") -> MergedParam
     return MergedParameters("\n".join(lines), origin)
 
 
-def _parameter(statement, module, positions, cell: SourceCell, first_line: int) -> Parameter:
-    line = positions[statement].start.line
-    target, value = _assignment(statement)
-    if target is None:
-        raise NotebookError(
+def _not_an_assignment(cell: SourceCell, error: ParametersCellError) -> NotebookError:
+    if error.name is None:
+        return NotebookError(
             cell.location.notebook,
-            f"a parameters cell holds only `name = literal` assignments and comments, not `{_line(cell, line)}`",
+            f"a parameters cell holds only `name = literal` assignments and comments, not `{_line(cell, error.line)}`",
             cell=cell.location.cell,
-            line=line,
+            line=error.line,
             hint="keep literal defaults here and compute derived values in the next cell",
         )
-    try:
-        literal = ast.literal_eval(module.code_for_node(value).strip())
-    except (ValueError, TypeError, SyntaxError, RecursionError) as err:
-        raise NotebookError(
-            cell.location.notebook,
-            f"parameter {target.value!r} is not a literal (a number, string, bool, None, list, tuple or dict)",
-            cell=cell.location.cell,
-            line=line,
-            hint="the default becomes a command-line flag, so it must be a literal; compute derived values in the next cell",
-        ) from err
-    if target.value in RESERVED_NAMES:
-        raise NotebookError(
-            cell.location.notebook,
-            f"parameter name {target.value!r} is taken by the generated script",
-            cell=cell.location.cell,
-            line=line,
-            hint=f"rename it; nbddp itself defines {', '.join(RESERVED_NAMES)}",
-        )
-    return Parameter(
-        name=target.value,
-        value=literal,
-        cell=cell,
-        line=line,
-        first_line=first_line,
-        last_line=positions[statement].end.line,
+    return NotebookError(
+        cell.location.notebook,
+        f"parameter {error.name!r} is not a literal (a number, string, bool, None, list, tuple or dict)",
+        cell=cell.location.cell,
+        line=error.line,
+        hint="the default becomes a command-line flag, so it must be a literal; compute derived values in the next cell",
     )
-
-
-def _assignment(statement):
-    """(target Name, value) of a single `name = value` or `name: type = value` statement, else (None, None)."""
-    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
-        return None, None
-    small = statement.body[0]
-    if isinstance(small, cst.Assign) and len(small.targets) == 1:
-        target, value = small.targets[0].target, small.value
-    elif isinstance(small, cst.AnnAssign) and small.value is not None:
-        target, value = small.target, small.value
-    else:
-        return None, None
-    return (target, value) if isinstance(target, cst.Name) else (None, None)
 
 
 def _line(cell: SourceCell, line: int) -> str:

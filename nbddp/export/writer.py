@@ -4,7 +4,7 @@ import tempfile
 from pathlib import Path
 
 from nbddp.errors import NbddpError, UsageError
-from nbddp.export.sourcemap import recorded_sha256, sha256
+from nbddp.formats.sourcemap import recorded_sha256, sha256
 
 
 def check_out_dir(out: Path) -> None:

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from nbddp.checkpoint_markers import latest_complete
 from nbddp.errors import NotebookError
+from nbddp.formats import metrics
 from nbddp.orchestration import notebook_run, parameters
-from nbddp.orchestration.metrics import METRICS_FILE
 
 SUMMARY_START = "Root Cause (first observed failure):"
 # What a surviving rank's collective raises when its peer process died (gloo's tcp transport, pair.cc).
@@ -297,9 +297,9 @@ def find_output_dir(script, script_args):
 
 def progress_lines(output_dir):
     """How far training got: the last step metrics.jsonl logged, and the last complete checkpoint."""
-    metrics = output_dir / METRICS_FILE
-    step = last_logged_step(metrics)
-    lines = [f"  last logged step: {step} ({metrics})" if step is not None else f"  last logged step: none in {metrics}"]
+    path = output_dir / metrics.METRICS_FILE
+    step = metrics.last_step(path)
+    lines = [f"  last logged step: {step} ({path})" if step is not None else f"  last logged step: none in {path}"]
     return lines + [f"  {resume_hint(output_dir)}"]
 
 
@@ -310,20 +310,3 @@ def resume_hint(output_dir):
         return f"last complete checkpoint: none in {output_dir}"
     return f"last complete checkpoint: {checkpoint.path} (step {checkpoint.step}); rerun with --resume true to " \
            "continue from it"
-
-
-def last_logged_step(path):
-    """The step of the last training-loss line of a metrics.jsonl, or None (no file, no step yet)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return None
-    step = None
-    for line in text.splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # the last line of a rank 0 killed while writing it
-            continue
-        if "event" not in record and "step" in record:
-            step = record["step"]
-    return step

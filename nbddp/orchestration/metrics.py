@@ -1,8 +1,4 @@
-"""Read a run's metrics.jsonl (docs/design.md) and boil it down to the figures `run` and `regress` show.
-
-Lines are per-step `{"step", "loss", "learning_rate", "tokens_per_s", "peak_mem_gib", "time_s"}`,
-`{"event": "eval", "step", "eval_loss"}`, `{"event": "batch_plan", ..., "text"}` and `{"event": "end", ...}`.
-"""
+"""Boil a run's metrics.jsonl (nbddp.formats.metrics) down to the figures `run` and `regress` show."""
 
 import json
 import statistics
@@ -10,9 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp import checkpoint_markers
-from nbddp.errors import NbddpError
-
-METRICS_FILE = "metrics.jsonl"  # in the run's output_dir, written by rank 0
+from nbddp.formats import metrics
 
 
 @dataclass(frozen=True)
@@ -48,26 +42,17 @@ class Metrics:
 
 def read_metrics(path):
     """Parse `path`; a line that is not JSON is an error naming the file and line."""
-    losses, eval_losses, tokens, memory, plan, runtime = [], [], [], [], None, None
-    with open(path, encoding="utf-8") as stream:
-        for number, text in enumerate(stream, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise NbddpError(f"{path}, line {number}: not a JSON line ({error.msg})") from None
-            if record.get("event") == "batch_plan":
-                plan = record
-            elif record.get("event") == "end" and isinstance(record.get("train_runtime"), (int, float)):
-                runtime = float(record["train_runtime"])
-            elif record.get("event") == "eval" and record.get("eval_loss") is not None:
-                eval_losses.append((record["step"], record["eval_loss"]))
-            elif "event" not in record and record.get("loss") is not None:
-                losses.append((record["step"], record["loss"]))
-                _append_number(tokens, record.get("tokens_per_s"))
-                _append_number(memory, record.get("peak_mem_gib"))
-    return Metrics(losses, eval_losses, tokens, memory, plan, runtime)
+    records = metrics.read(path)
+    steps = [record for record in metrics.steps(records) if record.get("loss") is not None]
+    evals = [record for record in metrics.events(records, "eval") if record.get("eval_loss") is not None]
+    plans = metrics.events(records, "batch_plan")
+    runtimes = [record["train_runtime"] for record in metrics.events(records, "end")
+                if isinstance(record.get("train_runtime"), (int, float))]
+    return Metrics([(record["step"], record["loss"]) for record in steps],
+                   [(record["step"], record["eval_loss"]) for record in evals],
+                   _numbers(record.get("tokens_per_s") for record in steps),
+                   _numbers(record.get("peak_mem_gib") for record in steps),
+                   plans[-1] if plans else None, float(runtimes[-1]) if runtimes else None)
 
 
 def last_trainer_state(output_dir):
@@ -86,6 +71,5 @@ def read_trainer_state(path):
     return Metrics(losses, eval_losses, [], [])
 
 
-def _append_number(values, value):
-    if isinstance(value, (int, float)):
-        values.append(value)
+def _numbers(values):
+    return [value for value in values if isinstance(value, (int, float))]

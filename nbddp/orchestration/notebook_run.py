@@ -18,9 +18,9 @@ import yaml
 
 from nbddp import errors, log
 from nbddp.errors import NotebookError
+from nbddp.formats.sourcemap import SourceMap
 from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr, stopping
 from nbddp.orchestration import parameters as orchestration_parameters
-from nbddp.orchestration.sourcemap import SourceMap
 
 # The kernelspec the generated script declares (docs/design.md); a script without one gets it.
 PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}

@@ -1,13 +1,12 @@
 """Parameters of a generated script: defaults from its `parameters` cell, typed overrides from -p / -f;
 and the training-argument overrides of `--set NAME=VALUE`, for the processes we start.
 
-Values are typed the way the script's own `--name VALUE` flags are (docs/design.md, runtime.apply_flags):
+`-p` values are typed by the rule the script's own `--name VALUE` flags use (nbddp.formats.parameters.typed):
 the default's type decides, so `-p max_steps 3` is the int 3 and `-p lr 2e-4` the float 0.0002. `--set` lines
 are checked before any work as the runtime will type them (training_overrides, in a child process that sees no
 GPU), and reach the children as the NBDDP_SET environment variable.
 """
 
-import ast
 import difflib
 import json
 import os
@@ -17,13 +16,12 @@ import sys
 import yaml
 
 from nbddp.errors import NbddpError, NotebookError, UsageError
+from nbddp.formats.parameters import ParametersCellError, read_cell, typed
 from nbddp.script_parameters import BATCH_LAYOUT, NBDDP_PARAMETERS, WORKDIR  # nbddp's own, in every script
 from nbddp.orchestration import environment
 from nbddp.runtime import batch_plan, training_overrides, working_directory
 
 PARAMETERS_TAG = "parameters"
-TRUE_WORDS = {"true", "1", "yes"}
-FALSE_WORDS = {"false", "0", "no"}
 CHECK_TIMEOUT_S = 300  # the --set check's child: importing transformers and trl, seconds
 
 
@@ -50,16 +48,12 @@ def with_absolute_paths(script, defaults, values):
 
 
 def _literal_assignments(source, path, cell):
-    defaults = {}
-    for statement in ast.parse(source).body:
-        target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
-        if not isinstance(target, ast.Name) or statement.value is None:
-            raise NotebookError(path, "the parameters cell may hold only `name = literal` lines", cell, statement.lineno)
-        try:
-            defaults[target.id] = ast.literal_eval(statement.value)
-        except ValueError:
-            raise NotebookError(path, f"`{target.id}` is not a literal", cell, statement.lineno) from None
-    return defaults
+    try:
+        return {parameter.name: parameter.default for parameter in read_cell(source)}
+    except ParametersCellError as error:
+        message = (f"`{error.name}` is not a literal" if error.name else
+                   "the parameters cell may hold only `name = literal` lines")
+        raise NotebookError(path, message, cell, error.line) from None
 
 
 def load_parameter_file(path):
@@ -103,31 +97,11 @@ def _check_known(name, defaults, where):
 
 
 def parse_flag(name, text, default):
-    """The value of `-p NAME TEXT`, typed from `default`."""
-    where = f"-p {name} {text!r}"
-    if isinstance(default, bool):
-        word = text.strip().lower()
-        if word not in TRUE_WORDS | FALSE_WORDS:
-            raise UsageError(f"{where}: expected bool (true/false, yes/no, 1/0)")
-        return word in TRUE_WORDS
-    if isinstance(default, (int, float)):
-        kind = type(default)
-        try:
-            return kind(text)
-        except ValueError:
-            raise UsageError(f"{where}: expected {kind.__name__} (default {default!r})") from None
-    if isinstance(default, str):
-        return text
+    """The value of `-p NAME TEXT`, typed from `default` as the script types its `--NAME TEXT`."""
     try:
-        value = ast.literal_eval(text)  # a Python literal, as the runtime's flags read it
-    except (ValueError, SyntaxError):
-        if default is None:
-            return text  # the runtime's rule: a None default takes a literal, else the text
-        try:
-            value = yaml.safe_load(text)  # YAML's flow style too: `{a: 1}`
-        except yaml.YAMLError:
-            raise UsageError(f"{where}: expected a {type(default).__name__} literal like {default!r}") from None
-    return check_type(name, value, default, where)
+        return typed(name, default, text)
+    except ValueError as error:
+        raise UsageError(f"-p {name}: {error}") from None
 
 
 def check_type(name, value, default, where):

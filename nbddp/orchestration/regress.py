@@ -11,8 +11,9 @@ import time
 from dataclasses import dataclass
 
 from nbddp.errors import NbddpError, UsageError
+from nbddp.formats.metrics import METRICS_FILE
 from nbddp.orchestration import compare, devices, files, launch, notebook_run, parameters, plots
-from nbddp.orchestration.metrics import METRICS_FILE, read_metrics
+from nbddp.orchestration.metrics import read_metrics
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 from nbddp.orchestration.suite import load_suite
 from nbddp.runtime import training_overrides

@@ -13,9 +13,10 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.errors import NbddpError
+from nbddp.formats.metrics import METRICS_FILE
+from nbddp.formats.sourcemap import SourceMap
 from nbddp.orchestration import devices, files, launch, layout_check, parameters, plots, smoke, stopping
-from nbddp.orchestration.metrics import METRICS_FILE, last_trainer_state, read_metrics, read_trainer_state
-from nbddp.orchestration.sourcemap import SourceMap
+from nbddp.orchestration.metrics import last_trainer_state, read_metrics, read_trainer_state
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.formats.metrics import METRICS_FILE
 from nbddp.orchestration import (devices, files, launch, layout_check, notebook_run, parameters, project_changes,
                                  stopping)
-from nbddp.orchestration.metrics import METRICS_FILE
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 
 DEFAULT_SCRIPT = Path("generated/train.py")

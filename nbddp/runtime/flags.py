@@ -1,8 +1,9 @@
 """Command-line overrides for the parameters of a generated script: `--rows 500 --backend hf`.
 
-Each parameter becomes one `--name VALUE` flag whose type is the type of its default; `--help` shows the
-comment that follows its assignment in the script's parameters cell (the notebook author's words) and the notebook
-that defines it, the `# 01_data_prep.ipynb` line above it there (`defined_in`). Inside a Jupyter
+Each parameter becomes one `--name VALUE` flag typed like its default (nbddp.formats.parameters.typed, the rule
+orchestration's `-p` uses too); `--help` shows the comment that follows its assignment in the script's parameters
+cell (the notebook author's words) and the notebook that defines it, the `# 01_data_prep.ipynb` line above it there
+(`defined_in`; both read by nbddp.formats.parameters.read_cell). Inside a Jupyter
 kernel (papermill's smoke run) nothing is parsed: `sys.argv` is the kernel's own there, and papermill
 injects the parameters itself. Either way, once the values are final, a parameter named `output_dir`
 (Trainer's name, which smoke and run set too) and NBDDP_OUTPUT_DIR (which `ddp.output_dir` puts in the training
@@ -15,37 +16,25 @@ runtime reads them (`training_overrides`; `pipeline.py` passes its own `--set` t
 into the script's globals, where a `set` would hide the builtin.
 """
 import argparse
-import ast
 import difflib
-import io
 import os
-import re
 import sys
-import tokenize
 from datetime import timedelta
 
 from nbddp.errors import UsageError
+from nbddp.formats.parameters import DTYPE, DTYPES, NBDDP_NOTEBOOK, Parameter, ParametersCellError, read_cell, typed
 from nbddp.runtime import preflight, training_overrides, working_directory
 from nbddp.script_parameters import WORKDIR
 
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
-NBDDP_OWN = "nbddp"  # what `defined_in` says for nbddp's own parameters (backend)
 PARAMETERS_MARKER = '# %% tags=["parameters"]'  # the parameters cell's first line, as jupytext writes it
-# Export's line above each notebook's parameters in that cell (a stage is NN_name.ipynb), and above nbddp's own.
-NOTEBOOK_LINE = re.compile(rf"# (\d\d_.*\.ipynb|{NBDDP_OWN})")
 OUTPUT_DIR = "output_dir"
 OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
-DTYPE = "dtype"
-DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
 TIMEOUT_VARIABLE = "NBDDP_TIMEOUT_S"
 DEFAULT_TIMEOUT_S = 1800
 # argparse's dest for --set: not a Python name, so it can never be mistaken for (or collide with) a parameter.
 SET_DEST = "nbddp --set"
-
-_TRUE = ("true", "1", "yes")
-_FALSE = ("false", "0", "no")
-
 
 def running_in_kernel() -> bool:
     """True inside a Jupyter kernel, where flags come from papermill rather than the command line."""
@@ -91,29 +80,34 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
 
 
 def defined_in(script: str | None) -> dict[str, str]:
-    """{name: the notebook that defines it} for each parameter of the generated `script`, in order: the top-level
-    assignments of its parameters cell (from PARAMETERS_MARKER to the next `# %%` line), each under the last
-    NOTEBOOK_LINE above it. {} when there is no readable script (a kernel, stdin) or no parameters cell."""
+    """{name: the notebook that defines it} for each parameter of the generated `script`, in order: the assignments
+    of its parameters cell, each under the last `# <notebook>` line above it ("?" under none). {} when there is no
+    readable script (a kernel, stdin) or no parameters cell; a cell of anything but `name = literal` lines exits
+    with status 2 naming the script's line (in a kernel: raises UsageError)."""
+    try:
+        parameters = _parameters_cell(script)
+    except UsageError as error:
+        if running_in_kernel():
+            raise
+        print(f"nbddp: error: {error}", file=sys.stderr)
+        sys.exit(error.exit_status)
+    return {parameter.name: parameter.notebook or "?" for parameter in parameters}
+
+
+def _parameters_cell(script: str | None) -> list[Parameter]:
+    """The `read_cell` of `script`'s parameters cell (from PARAMETERS_MARKER to the next `# %%` line); [] when
+    there is no readable script or no such cell. UsageError naming the script's line for a cell it cannot read."""
     try:
         with open(script, encoding="utf-8") as file:
             lines = file.read().splitlines()
     except (OSError, TypeError):  # TypeError: no __file__ (None)
-        return {}
+        return []
     start = next((number + 1 for number, line in enumerate(lines) if line == PARAMETERS_MARKER), len(lines))
     end = next((number for number in range(start, len(lines)) if lines[number].startswith("# %%")), len(lines))
-    cell = lines[start:end]
     try:
-        statements = ast.parse("\n".join(cell)).body
-    except SyntaxError:
-        return {}
-    notebooks = [(number, line[2:]) for number, line in enumerate(cell, start=1) if NOTEBOOK_LINE.fullmatch(line)]
-    found = {}
-    for statement in statements:
-        target = statement.targets[0] if isinstance(statement, ast.Assign) else getattr(statement, "target", None)
-        if isinstance(target, ast.Name):
-            above = [notebook for number, notebook in notebooks if number < statement.lineno]
-            found[target.id] = above[-1] if above else "?"
-    return found
+        return read_cell("\n".join(lines[start:end]))
+    except ParametersCellError as error:
+        raise UsageError(f"{script}, line {start + error.line}, in the parameters cell: {error}") from None
 
 
 def process_group_timeout() -> timedelta:
@@ -139,7 +133,7 @@ def _parse(parser: argparse.ArgumentParser, defined_in: dict[str, str]) -> argpa
 
 
 def _unknown_hint(unknown: list[str], defined_in: dict[str, str]) -> str:
-    notebook_parameters = [name for name, notebook in defined_in.items() if notebook != NBDDP_OWN]
+    notebook_parameters = [name for name, notebook in defined_in.items() if notebook != NBDDP_NOTEBOOK]
     if not notebook_parameters:
         return " (the notebooks define no parameters: tag a cell `parameters` to make its assignments flags)"
     flags = [f"--{name}" for name in defined_in]
@@ -171,7 +165,7 @@ def _build_parser(namespace: dict, defined_in: dict[str, str]) -> argparse.Argum
         origin = f"default: {default!r} (from {notebook})"
         parser.add_argument(
             f"--{name}",
-            type=_parse_dtype if is_dtype else _parser_for(default),
+            type=_typed(name, default),
             default=default,
             choices=choices,
             metavar=None if choices else _metavar(default, is_dtype),  # argparse shows the choices instead
@@ -201,38 +195,25 @@ def _override_line(text: str) -> str:
 
 
 def assignment_comments(script, names) -> dict[str, str]:
-    """{name: the comment that ends its line}, for the first top-level statement of each of `names` in `script`
-    (the parameters cell's assignment: it comes first); {} when there is no readable script (a kernel, stdin)."""
-    try:
-        with open(script, encoding="utf-8") as file:
-            source = file.read()
-    except (OSError, TypeError):  # TypeError: no __file__ (None)
-        return {}
-    comments, seen, current = {}, set(), None
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type == tokenize.NAME and token.start[1] == 0:  # a statement at the top level begins
-                current = token.string if token.string in names and token.string not in seen else None
-                seen.add(token.string)
-            elif token.type == tokenize.COMMENT and current is not None:
-                comments[current] = token.string.lstrip("#").strip()
-                current = None
-            elif token.type == tokenize.NEWLINE:
-                current = None
-    except (tokenize.TokenError, SyntaxError):  # not readable as Python: the comments found so far
-        pass
+    """{name: the comment on its assignment} for each of `names` in the parameters cell of `script` (the first
+    assignment of a name twice); {} when there is no readable script (a kernel, stdin)."""
+    comments = {}
+    for parameter in _parameters_cell(script):
+        if parameter.name in names and parameter.comment is not None:
+            comments.setdefault(parameter.name, parameter.comment)
     return comments
 
 
-def _parser_for(default):
-    """The function argparse calls on the text of a flag, chosen by the type of the default."""
-    if isinstance(default, bool):  # before int: bool is a subclass of int
-        return _parse_bool
-    if isinstance(default, (int, float, str)):
-        return type(default)
-    if default is None:
-        return _parse_literal_or_text
-    return _literal_parser(type(default))
+def _typed(name: str, default):
+    """The function argparse calls on the text of `--name`: the shared rule (`typed`), its message argparse's."""
+
+    def parse(text: str):
+        try:
+            return typed(name, default, text)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return parse
 
 
 def _metavar(default, is_dtype=False) -> str:
@@ -243,45 +224,3 @@ def _metavar(default, is_dtype=False) -> str:
     if default is None:
         return "VALUE"
     return type(default).__name__.upper()
-
-
-def _parse_bool(text: str) -> bool:
-    word = text.strip().lower()
-    if word in _TRUE:
-        return True
-    if word in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected one of {', '.join(_TRUE + _FALSE)}, got {text!r}")
-
-
-def _parse_dtype(text: str):
-    """For `--dtype`: None (auto detection) or one of DTYPES, as text (what from_pretrained takes)."""
-    if text.strip() == "None":
-        return None
-    if text.strip() in DTYPES:
-        return text.strip()
-    raise argparse.ArgumentTypeError(f"expected None (auto detection) or one of {', '.join(DTYPES)}, not {text!r}")
-
-
-def _parse_literal_or_text(text: str):
-    """For a parameter whose default is None: a Python literal (`3`, `[1, 2]`, `None`), else the text itself."""
-    try:
-        return ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return text
-
-
-def _literal_parser(kind: type):
-    """A parser for list/dict/tuple defaults: a Python literal of the same type, never `eval`."""
-
-    def parse(text: str):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            raise argparse.ArgumentTypeError(f"expected a Python {kind.__name__} literal, got {text!r}") from None
-        if not isinstance(value, kind):
-            raise argparse.ArgumentTypeError(f"expected a {kind.__name__}, got {type(value).__name__} {text!r}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in "invalid <type> value" messages
-    return parse

@@ -1,19 +1,13 @@
 """`MetricsCallback`: the Trainer's logs as JSON lines in `<output_dir>/metrics.jsonl`, written by rank 0.
 
-    {"step": 10, "loss": 2.31, "learning_rate": 0.0002, "tokens": 5120, "tokens_per_s": 5120.4, "peak_mem_gib": 3.2, "time_s": 12.5}
-    {"event": "eval", "step": 10, "eval_loss": 2.29}
-    {"event": "end", "step": 60, "train_runtime": 75.1, "train_loss": 2.05, ...}
-    {"event": "batch_plan", "micro_batch": 2, "accumulation": 2, "processes": 2, "text": "global batch 8 rows = ..."}
+The file's records (steps, evaluations, the end, the batch plan) are described in nbddp.formats.metrics, which
+writes them: each `trainer.train()` starts the file afresh (`start`: one resumed from a checkpoint keeps the lines
+up to its step), then every record is appended.
 
-The batch plan (nbddp.runtime.batch_plan, as the trainer's arguments carry it) is written when training starts.
-
-`tokens` are the non-padding input tokens of the training forward passes since the previous line, summed
-over all ranks, so `tokens_per_s` is the throughput of the whole run over the logging interval. They are
-counted on the device by a forward pre-hook and summed over ranks once per logged step. (Trainer's own
+`tokens` are counted on the device by a forward pre-hook and summed over ranks once per logged step. (Trainer's own
 count, `include_num_input_tokens_seen`, gathers over ranks and waits for the GPU before every micro batch:
 on 2×H200 the generated 8B run went from 0.955× to 0.997× of a hand-written script without it,
-docs/performance.md.) Peak memory is this rank's CUDA memory reserved by PyTorch on a GPU, and the
-process's peak resident memory on a CPU.
+docs/performance.md.)
 
 `MetricsCallback()` without a path writes to the trainer's `<args.output_dir>/metrics.jsonl`: what the rewrite
 record-metrics adds (as `ddp.metrics_callback()`) to a trainer that a notebook built without callbacks.
@@ -22,12 +16,7 @@ On rank 0 it also adds `tokens_per_s`, `peak_mem_gib` and (with a batch plan) `g
 training logs, for the callbacks that come after it: `nbddp.runtime.trainer_patches` puts it before the reporting
 ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show them beside Transformers' own scalars, and
 `TrainingProgress` (nbddp.runtime.progress) shows tokens/s. The Trainer's `log_history` does not get them.
-
-Each `trainer.train()` starts the file afresh, except one that resumes from a checkpoint at step S: it keeps
-the lines up to step S and appends, so a run killed and resumed reads as one run.
 """
-import json
-import os
 import resource
 import time
 from pathlib import Path
@@ -36,6 +25,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from nbddp.formats import metrics
 from nbddp.runtime import batch_plan
 
 LOGGED = ("tokens_per_s", "peak_mem_gib")  # added to the training log, for the callbacks after this one
@@ -55,13 +45,12 @@ class MetricsCallback(TrainerCallback):
         self._hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         self._started = self._last_time = time.perf_counter()
         if self.path is None:
-            self.path = Path(args.output_dir) / "metrics.jsonl"
+            self.path = Path(args.output_dir) / metrics.METRICS_FILE
         if state.is_world_process_zero:  # one file per training run
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._start_file(resumed_at=state.global_step)
+            metrics.start(self.path, resumed_at=state.global_step)
             plan = batch_plan.of(args)  # made by ddp.training_args; None for other arguments
             if plan is not None:
-                self._write({"event": "batch_plan", **plan.as_record(), "text": plan.describe()})
+                metrics.append(self.path, {"event": "batch_plan", **plan.as_record(), "text": plan.describe()})
 
     def on_train_end(self, args, state, control, **kwargs):
         self._hook.remove()
@@ -82,7 +71,7 @@ class MetricsCallback(TrainerCallback):
             tokens = self._take_tokens()
             if state.is_world_process_zero:
                 record = self._step_record(state, logs, tokens)
-                self._write(record)
+                metrics.append(self.path, record)
                 plan = batch_plan.of(args)
                 logs.update({name: record[name] for name in LOGGED if record[name] is not None})
                 if plan is not None:
@@ -90,9 +79,9 @@ class MetricsCallback(TrainerCallback):
         elif not state.is_world_process_zero or not logs:
             return
         elif "eval_loss" in logs:
-            self._write({"event": "eval", "step": state.global_step, "eval_loss": logs["eval_loss"]})
+            metrics.append(self.path, {"event": "eval", "step": state.global_step, "eval_loss": logs["eval_loss"]})
         elif "train_runtime" in logs:
-            self._write({"event": "end", "step": state.global_step, **logs})
+            metrics.append(self.path, {"event": "end", "step": state.global_step, **logs})
 
     def _take_tokens(self) -> int:
         counted = self._tokens.clone()
@@ -114,28 +103,6 @@ class MetricsCallback(TrainerCallback):
             "peak_mem_gib": _peak_memory_gib(),
             "time_s": now - self._started,
         }
-
-    def _start_file(self, resumed_at: int) -> None:
-        """Empty the file; when resuming from a checkpoint at step `resumed_at` > 0, keep the lines up to that step,
-        so the file reads as one run. Rewritten whole (temp file, os.replace): the old lines are the only record of
-        the steps before the checkpoint."""
-        kept = []
-        if resumed_at and self.path.exists():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # the last line of a run killed while writing it
-                    continue
-                if record.get("step", resumed_at + 1) <= resumed_at:
-                    kept.append(line + "\n")
-        temp = self.path.with_name(f".{self.path.name}.tmp")
-        temp.write_text("".join(kept), encoding="utf-8")
-        os.replace(temp, self.path)
-
-    def _write(self, record: dict) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as file:
-            file.write(json.dumps(record) + "\n")
 
 
 def _peak_memory_gib() -> float:

@@ -27,7 +27,7 @@ import time
 import traceback
 
 from nbddp.errors import NbddpError
-from nbddp.runtime import sourcemap
+from nbddp.formats.sourcemap import SourceMap, SourceMapError, sourcemap_path
 
 # (text of the exception, what to do): causes that DDP adds to a notebook that trains on one GPU.
 HINTS = (
@@ -126,13 +126,11 @@ def _origin_line(tb, script: str) -> str | None:
     script_lines = [line for frame, line in traceback.walk_tb(tb) if os.path.abspath(frame.f_code.co_filename) == script]
     if not script_lines:
         return None
-    path = sourcemap.sourcemap_path(script)
     try:
-        mapping = sourcemap.load(path)
-    except (OSError, sourcemap.SourceMapError) as error:
+        found = SourceMap.for_script(script).lookup(script_lines[-1])
+    except (OSError, SourceMapError) as error:
         # The report must still come out: an excepthook that raises buries the user's error under its own.
-        return f"nbddp: could not read the source map {_shown(path)}: {error}"
-    found = sourcemap.lookup(mapping, script_lines[-1]) if mapping else None
+        return f"nbddp: could not read the source map {_shown(sourcemap_path(script))}: {error}"
     if found is None:
         return None
     where = f"nbddp: {_shown(script)} line {script_lines[-1]}"

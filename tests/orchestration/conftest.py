@@ -1,10 +1,11 @@
 """Fixture scripts shaped like generated/train.py, copied into a scratch working directory per test."""
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
+
+from nbddp.formats import metrics
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -20,7 +21,7 @@ def workdir(tmp_path, monkeypatch):
 
 def metric_lines(path):
     """The per-step records of a metrics.jsonl."""
-    return [record for record in map(json.loads, Path(path).read_text().splitlines()) if "event" not in record]
+    return metrics.steps(metrics.read(path))
 
 
 REPO = Path(__file__).parents[2]

@@ -21,7 +21,7 @@ import torch
 
 from nbddp import checkpoint_markers
 from nbddp.export import export
-from nbddp.orchestration.failure_report import last_logged_step
+from nbddp.formats.metrics import last_step
 
 REPO = Path(__file__).parents[2]
 FLAGS = ["--backend", "hf", "--max_steps", "16", "--save_steps", "4", "--warmup_steps", "2", "--eval_steps", "1000"]
@@ -78,7 +78,7 @@ def kill_rank_during(process, script, output_dir, rank=1):
     """Wait until metrics.jsonl shows KILL_AFTER_STEP, then SIGKILL the rank; returns the time of the kill."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and process.poll() is None:
-        if (last_logged_step(output_dir / "metrics.jsonl") or 0) >= KILL_AFTER_STEP:  # read while rank 0 writes it
+        if (last_step(output_dir / "metrics.jsonl") or 0) >= KILL_AFTER_STEP:  # read while rank 0 writes it
             pid = pid_of_rank(script, rank)
             if pid is not None:
                 os.kill(pid, signal.SIGKILL)

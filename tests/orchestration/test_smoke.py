@@ -119,7 +119,7 @@ def test_a_failing_cell_is_reported_at_its_source_notebook_line(workdir):
 def test_bad_parameters_stop_before_any_run(workdir):
     with pytest.raises(UsageError, match="-p max_step: unknown parameter `max_step`"):
         smoke("train_fixture.py", flags=[("max_step", "3")])
-    with pytest.raises(UsageError, match=r"-p max_steps 'three': expected int"):
+    with pytest.raises(UsageError, match=r"-p max_steps: invalid int value: 'three'"):
         smoke("train_fixture.py", flags=[("max_steps", "three")])
     assert not (workdir / "runs").exists()
 

@@ -1,0 +1,1 @@
+"""The files one room of nbddp writes and another reads: one stdlib-only module for each format."""

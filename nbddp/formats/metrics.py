@@ -1,0 +1,95 @@
+"""The metrics file: `<output_dir>/metrics.jsonl`, one JSON object a line, written by rank 0 only.
+
+    {"step": 10, "loss": 2.31, "learning_rate": 0.0002, "tokens": 5120, "tokens_per_s": 5120.4, "peak_mem_gib": 3.2, "time_s": 12.5}
+    {"event": "eval", "step": 10, "eval_loss": 2.29}
+    {"event": "end", "step": 60, "train_runtime": 75.1, "train_loss": 2.05, ...}
+    {"event": "batch_plan", "micro_batch": 2, "accumulation": 2, "processes": 2, "text": "global batch 8 rows = ..."}
+
+Step records (no `event` key), one per logged training step: the loss and learning rate Trainer logged; `tokens`,
+the non-padding input tokens of the training forward passes since the previous step record, summed over all ranks;
+`tokens_per_s`, those over the wall time since it (the whole run's throughput; null when no time passed);
+`peak_mem_gib`, rank 0's peak memory (CUDA memory reserved by PyTorch on a GPU, resident memory on a CPU);
+`time_s`, seconds since training started. Event records: `eval` per evaluation, `end` when training ends (the rest of the
+line is Trainer's final metrics: `train_runtime`, `train_loss`, ...) and `batch_plan` when training starts
+(nbddp.runtime.batch_plan's `as_record()` and `text`, its `describe()`: the layout the processes train with, and the
+notebook's).
+
+nbddp.runtime.metrics.MetricsCallback writes it (`start`, `append`); `run`, `regress`, the smoke's layout check, the
+failure report and bench read it (`read`, `steps`, `events`, `last_step`). Each `trainer.train()` starts the file
+afresh, except one that resumes from a checkpoint at step S: it keeps the lines up to step S and appends, so a run
+killed and resumed reads as one run. A rank 0 killed while writing leaves a torn last line.
+
+Standard library only (and nbddp.errors): the runtime writes the file, the orchestration and bench read it.
+"""
+import json
+import os
+from pathlib import Path
+
+from nbddp.errors import NbddpError
+
+METRICS_FILE = "metrics.jsonl"  # in the run's output_dir
+
+
+def append(path, record: dict) -> None:
+    """Add `record` as one line at the end of the file at `path` (created, with its folder, when missing)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as file:
+        file.write(json.dumps(record) + "\n")
+
+
+def start(path, resumed_at: int = 0) -> None:
+    """Empty the file at `path` (created, with its folder, when missing); when resuming from a checkpoint at step
+    `resumed_at` > 0, keep its lines (as they are) up to that step. Rewritten whole (temp file, os.replace): the old
+    lines are the only record of the steps before the checkpoint."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = []
+    if resumed_at and path.exists():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:  # a torn last line
+                continue
+            if record.get("step", resumed_at + 1) <= resumed_at:
+                kept.append(line + "\n")
+    temp = path.with_name(f".{path.name}.tmp")
+    temp.write_text("".join(kept), encoding="utf-8")
+    os.replace(temp, path)
+
+
+def read(path, strict: bool = True) -> list[dict]:
+    """The records of the file at `path`, in file order, blank lines left out. A line that is not JSON is an
+    error naming the file and line; with `strict` False it is left out (a torn last line, or a file read while
+    rank 0 writes it)."""
+    records = []
+    with open(path, encoding="utf-8") as stream:
+        for number, line in enumerate(stream, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                if strict:
+                    raise NbddpError(f"{path}, line {number}: not a JSON line ({error.msg})") from None
+    return records
+
+
+def steps(records) -> list[dict]:
+    """The step records among `records`."""
+    return [record for record in records if "event" not in record]
+
+
+def events(records, name: str) -> list[dict]:
+    """The `{"event": name, ...}` records among `records`."""
+    return [record for record in records if record.get("event") == name]
+
+
+def last_step(path) -> int | None:
+    """The step of the last step record of the file at `path`; None when there is none or no file."""
+    try:
+        records = read(path, strict=False)
+    except FileNotFoundError:
+        return None
+    logged = [record["step"] for record in steps(records) if "step" in record]
+    return logged[-1] if logged else None
