@@ -77,15 +77,9 @@ def build_tokenizer(special_tokens, data_path):
     return tokenizer
 
 
-def tokenizer_config(tokenizer, special_tokens, chat_template):
+def tokenizer_config(added_tokens_decoder, chat_template):
     return {
-        "added_tokens_decoder": {
-            str(tokenizer.token_to_id(token)): {
-                "content": token, "lstrip": False, "normalized": False, "rstrip": False,
-                "single_word": False, "special": True,
-            }
-            for token in special_tokens
-        },
+        "added_tokens_decoder": added_tokens_decoder,
         "bos_token": BOS,
         "chat_template": chat_template,
         "clean_up_tokenization_spaces": False,
@@ -110,7 +104,8 @@ def build(data_path, templates_path, out_dir):
     files = {
         "tokenizer.json": tokenizer.to_str(pretty=True) + "\n",
         "tokenizer_config.json": tiny_llama.dump_json(
-            tokenizer_config(tokenizer, special_tokens, table["templates"]["chatml"])),
+            tokenizer_config(tiny_llama.added_tokens_decoder({token: vocab[token] for token in special_tokens}),
+                             table["templates"]["chatml"])),
         "special_tokens_map.json": tiny_llama.dump_json(
             {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD, "unk_token": UNK}),
         "config.json": tiny_llama.dump_json({**tiny_llama.model_config(vocab), "max_position_embeddings": MAX_LENGTH}),

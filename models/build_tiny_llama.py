@@ -86,17 +86,31 @@ def build_tokenizer(vocab):
     return tokenizer
 
 
+def added_tokens_decoder(ids):
+    """tokenizer_config.json's entry for special tokens, `{token: id}`, as Transformers writes it."""
+    return {
+        str(token_id): {
+            "content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+            "special": True,
+        }
+        for token, token_id in ids.items()
+    }
+
+
+def byte_level_tokenizer(vocab, special_tokens):
+    """A tokenizer of single bytes (no merges) plus `special_tokens`: the vision and speech stand-ins'."""
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(special_tokens)
+    return tokenizer
+
+
 def tokenizer_config(vocab):
     """tokenizer_config.json as transformers 4.x and 5.x both read it (written by hand so it does not
     depend on which transformers version ran this script)."""
     return {
-        "added_tokens_decoder": {
-            str(vocab[token]): {
-                "content": token, "lstrip": False, "normalized": False, "rstrip": False,
-                "single_word": False, "special": True,
-            }
-            for token in SPECIAL_TOKENS
-        },
+        "added_tokens_decoder": added_tokens_decoder({token: vocab[token] for token in SPECIAL_TOKENS}),
         "bos_token": BOS,
         "clean_up_tokenization_spaces": False,
         "eos_token": EOS,

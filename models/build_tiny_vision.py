@@ -16,8 +16,8 @@ model otherwise does now and then, and in a GRPO completion that token makes Lla
 import argparse
 from pathlib import Path
 
-from build_tiny_llama import dump_json, write_atomically
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from build_tiny_llama import added_tokens_decoder, byte_level_tokenizer, dump_json, write_atomically
+from tokenizers import pre_tokenizers
 
 OUT = Path(__file__).resolve().parent / "tiny-vision"
 
@@ -65,23 +65,9 @@ def build_vocab():
     return {token: i for i, token in enumerate(SPECIAL_TOKENS + sorted(pre_tokenizers.ByteLevel.alphabet()))}
 
 
-def build_tokenizer(vocab):
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    return tokenizer
-
-
 def tokenizer_config(vocab):
     return {
-        "added_tokens_decoder": {
-            str(vocab[token]): {
-                "content": token, "lstrip": False, "normalized": False, "rstrip": False,
-                "single_word": False, "special": True,
-            }
-            for token in SPECIAL_TOKENS
-        },
+        "added_tokens_decoder": added_tokens_decoder({token: vocab[token] for token in SPECIAL_TOKENS}),
         "clean_up_tokenization_spaces": False,
         "eos_token": END,
         "model_input_names": ["input_ids", "attention_mask"],  # as Llama's: no token_type_ids (4.x returns them)
@@ -168,7 +154,7 @@ def build(out_dir):
         "preprocessor_config.json": dump_json(image_processor_config()),
         "processor_config.json": dump_json(processor_config()),
         "special_tokens_map.json": dump_json({"eos_token": END, "pad_token": PAD}),
-        "tokenizer.json": build_tokenizer(vocab).to_str(pretty=True) + "\n",
+        "tokenizer.json": byte_level_tokenizer(vocab, SPECIAL_TOKENS).to_str(pretty=True) + "\n",
         "tokenizer_config.json": dump_json(tokenizer_config(vocab)),
     }
     for name, text in files.items():

@@ -15,8 +15,8 @@ audio into 1 s windows (Whisper's are 30 s) of 100 mel frames, which the encoder
 import argparse
 from pathlib import Path
 
-from build_tiny_llama import dump_json, write_atomically
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from build_tiny_llama import added_tokens_decoder, byte_level_tokenizer, dump_json, write_atomically
+from tokenizers import pre_tokenizers
 from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 OUT = Path(__file__).resolve().parent / "tiny-whisper"
@@ -44,23 +44,9 @@ def build_vocab():
     return {token: i for i, token in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()) + SPECIAL_TOKENS)}
 
 
-def build_tokenizer(vocab):
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    return tokenizer
-
-
 def tokenizer_config(vocab):
     return {
-        "added_tokens_decoder": {
-            str(vocab[token]): {
-                "content": token, "lstrip": False, "normalized": False, "rstrip": False,
-                "single_word": False, "special": True,
-            }
-            for token in SPECIAL_TOKENS
-        },
+        "added_tokens_decoder": added_tokens_decoder({token: vocab[token] for token in SPECIAL_TOKENS}),
         "bos_token": END,
         "clean_up_tokenization_spaces": False,
         "eos_token": END,
@@ -136,7 +122,7 @@ def build(out_dir):
         "generation_config.json": dump_json(generation_config(vocab)),
         "preprocessor_config.json": dump_json(feature_extractor_config()),
         "special_tokens_map.json": dump_json({"bos_token": END, "eos_token": END, "pad_token": END, "unk_token": END}),
-        "tokenizer.json": build_tokenizer(vocab).to_str(pretty=True) + "\n",
+        "tokenizer.json": byte_level_tokenizer(vocab, SPECIAL_TOKENS).to_str(pretty=True) + "\n",
         "tokenizer_config.json": dump_json(tokenizer_config(vocab)),
     }
     for name, text in files.items():
