@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import yaml
 
@@ -45,6 +46,12 @@ def with_absolute_paths(script, defaults, values):
     if isinstance(values.get("output_dir"), str):
         values["output_dir"] = os.path.normpath(os.path.join(cells or os.getcwd(), values["output_dir"]))
     return values
+
+
+def project_folder(values):
+    """The project around the notebooks' folder, where the cells' relative paths lead: the parent of `values`'
+    workdir (made absolute by `with_absolute_paths`), or the working directory for a script without one."""
+    return Path(values[WORKDIR]).parent if values.get(WORKDIR) else Path.cwd()
 
 
 def _literal_assignments(source, path, cell):

@@ -80,7 +80,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     if status != 0:
         raise LaunchFailed(status, logs)
     # the notebook's own saves: in the project around its folder (the cells' working directory)
-    project = Path(user[parameters.WORKDIR]).parent if user.get(parameters.WORKDIR) else Path.cwd()
+    project = parameters.project_folder(user)
     summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check,
                         saved=saved_models(project, started, runs_root), wall_s=time.time() - started)
     print(summary, flush=True)

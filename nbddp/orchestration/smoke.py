@@ -82,7 +82,7 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     log.logger.info(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}")
     # the runtime's smoke_sandbox: what the notebook saves lands in run_dir, and nothing is pushed; what it does
     # not redirect is named afterwards, failed or not
-    project = Path(injected[parameters.WORKDIR]).parent if injected.get(parameters.WORKDIR) else Path.cwd()
+    project = parameters.project_folder(injected)
     before = project_changes.snapshot(project, run_dir)
     try:
         run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout,
