@@ -9,8 +9,8 @@ Step records (no `event` key), one per logged training step: the loss and learni
 the non-padding input tokens of the training forward passes since the previous step record, summed over all ranks;
 `tokens_per_s`, those over the wall time since it (the whole run's throughput; null when no time passed);
 `peak_mem_gib`, rank 0's peak memory (CUDA memory reserved by PyTorch on a GPU, resident memory on a CPU);
-`time_s`, seconds since training started. Event records: `eval` per evaluation, `end` when training ends (the rest of the
-line is Trainer's final metrics: `train_runtime`, `train_loss`, ...) and `batch_plan` when training starts
+`time_s`, seconds since training started. Event records: `eval` per evaluation, `end` when training ends (the rest
+of the line is Trainer's final metrics: `train_runtime`, `train_loss`, ...) and `batch_plan` when training starts
 (nbddp.runtime.batch_plan's `as_record()` and `text`, its `describe()`: the layout the processes train with, and the
 notebook's).
 

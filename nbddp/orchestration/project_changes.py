@@ -5,9 +5,9 @@ what it made), and so do `os.makedirs`, `Path.write_text` and the like. `pipelin
 and after the kernel runs and names what changed, so nothing of the user's changes unsaid.
 
 Listed: files and folders under the project (the folder that holds the notebooks' folder), by size and
-modification time. Left out: the runs folder (the one holding the smoke run's), hidden entries (`.git`, `.venv`), virtual environments, folders
-Python and Jupyter write on their own (`__pycache__`, `.ipynb_checkpoints`) and Unsloth's
-`unsloth_compiled_cache` (its compiled kernels, in the working directory of every run). A project over
+modification time. Left out: the runs folder (the one holding the smoke run's), hidden entries (`.git`, `.venv`),
+virtual environments, folders Python and Jupyter write on their own (`__pycache__`, `.ipynb_checkpoints`) and
+Unsloth's `unsloth_compiled_cache` (its compiled kernels, in the working directory of every run). A project over
 MAX_ENTRIES entries is not listed: one line says so.
 """
 

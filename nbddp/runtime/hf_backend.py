@@ -91,7 +91,8 @@ def __getattr__(name):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     raise UsageError(
         f"unsloth.{name} is Unsloth's; nbddp's Transformers+PEFT fallback (--backend hf) has only "
-        f"FastLanguageModel, FastModel, FastVisionModel, FastTextModel, the per-family loaders ({', '.join(FAMILY_LOADERS)}), "
+        "FastLanguageModel, FastModel, FastVisionModel, FastTextModel, "
+        f"the per-family loaders ({', '.join(FAMILY_LOADERS)}), "
         f"{', '.join(TRAINER_NAMES)}, PatchDPOTrainer, "
         "is_bfloat16_supported and is_bf16_supported. Replace it with its Transformers, PEFT or TRL equivalent, "
         "or run on a GPU with Unsloth installed (--backend unsloth)")

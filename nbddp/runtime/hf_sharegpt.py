@@ -198,8 +198,8 @@ def get_ollama_eos_tokens(tokenizer, extra_eos_tokens=()) -> list[str]:
                     or (token.startswith("<") and len(token) <= 2) or (token.startswith("</") and len(token) == 3))]
 
 
-def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE, default_system_message=DEFAULT_SYSTEM_MESSAGE,
-                            extra_eos_tokens=None):
+def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE,
+                            default_system_message=DEFAULT_SYSTEM_MESSAGE, extra_eos_tokens=None):
     """(Ollama Modelfile, Jinja chat template, instruction part, response part) of a `{SYSTEM}`/`{INPUT}`/`{OUTPUT}`
     template (see the module docstring)."""
     from transformers import ProcessorMixin
@@ -292,7 +292,8 @@ def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE, defau
         if has_bos_token:
             jinja_template = "{{ bos_token }}" + jinja_template
     if "{% set loop_messages = messages %}" not in jinja_template:
-        jinja_template = jinja_template.replace("{% for message in loop_messages %}", "{% for message in messages %}", 1)
+        jinja_template = jinja_template.replace("{% for message in loop_messages %}",
+                                                "{% for message in messages %}", 1)
     jinja_template = re.sub(  # a system part that is the same either way: written once
         r"\{\% if messages\[0\]\['role'\] \=\= 'system' \%\}\{\{ '(.*?)' \}\}"
         r"\{\% set loop\_messages \= messages\[1\:\] \%\}"
@@ -348,7 +349,8 @@ def _one_example(chat_template: str) -> tuple[str, str, str]:
         raise UsageError(f"apply_chat_template: chat_template must contain {missing} placeholder(s). "
                          f"Got: {chat_template[:200]!r}")
     ending = re.escape(chat_template[output_pos + len("{OUTPUT}") :])
-    found = re.findall("{INPUT}" + ending + "(.+?{OUTPUT}" + ending + ")", chat_template, flags=re.DOTALL | re.MULTILINE)
+    found = re.findall("{INPUT}" + ending + "(.+?{OUTPUT}" + ending + ")", chat_template,
+                       flags=re.DOTALL | re.MULTILINE)
     if not found:
         raise UsageError("apply_chat_template: could not recover a two-example structure from chat_template. Provide "
                          "exactly two {INPUT}/{OUTPUT} pairs (and optionally {SYSTEM}). "

@@ -110,9 +110,9 @@ def targets():
     saving = [(cls, "save_pretrained", _redirecting("save_directory"))
               for cls in (*models, PeftModel, *filter(None, [tokenizer_backend]))]
     saving += [(transformers.Trainer, "save_model", _trainer_save_model),
-               (transformers.Trainer, "_save_checkpoint", _trainer_checkpoint), (Figure, "savefig", _redirecting("fname")),
-               (torch, "save", _redirecting("f", index=1)), (datasets.Dataset, "save_to_disk",
-                                                             _redirecting("dataset_path")),
+               (transformers.Trainer, "_save_checkpoint", _trainer_checkpoint),
+               (Figure, "savefig", _redirecting("fname")), (torch, "save", _redirecting("f", index=1)),
+               (datasets.Dataset, "save_to_disk", _redirecting("dataset_path")),
                (datasets.DatasetDict, "save_to_disk", _redirecting("dataset_dict_path"))]
     pushing = [(cls, "push_to_hub", _skipping()) for cls in (*models, PushToHubMixin)]  # the mixin's: PEFT models'
     pushing += [(transformers.Trainer, "push_to_hub", _skipping(_trainer_repo))]
