@@ -1,4 +1,4 @@
-"""Markdown tables and the scaling plot from bench/results/*.json (what docs/performance.md shows).
+"""Markdown tables and the scaling plot from bench/results/*.json (what docs/performance.md and bench/results/HISTORY.md show).
 
     python -m bench.report --results bench/results --plot bench/results/scaling.png \
         --step-plots bench/results/steps > /tmp/tables.md
