@@ -38,14 +38,15 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         apply_flags(namespace, defined_in(script))
         backend, resume, batch_layout, workdir = (namespace.get(name, default) for name, default in (
             (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (WORKDIR, workdir)))
-    from nbddp.runtime import backends, heartbeat, script_display, tracebacks, training_overrides, working_directory
+    from nbddp.runtime import (backends, heartbeat, patches, script_display, tracebacks, training_overrides,
+                               working_directory)
     from nbddp.runtime.context import init_distributed
 
     script_mode = not running_in_kernel()
     if script_mode and script is not None:
         tracebacks.install(script)
     if script_mode and not hasattr(builtins, "display"):
-        builtins.display = script_display.display  # notebook cells call IPython's builtin display() bare
+        patches.set_attribute("notebook-display", builtins, "display", script_display.display)
     try:
         started_in = working_directory.enter(workdir, script)
         chosen, reason = backends.choose(backend)
@@ -64,6 +65,7 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         log.info(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}")
+        patches.announce()
     else:
         _no_progress_bars()
     return ddp

@@ -10,7 +10,7 @@ import sys
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime import checkpointing, hf_backend
+from nbddp.runtime import checkpointing, hf_backend, patches
 from nbddp.runtime.flags import BACKEND_CHOICES
 
 
@@ -36,9 +36,9 @@ def activate(backend: str) -> None:
     """Import the real Unsloth, or install the fallback as the module `unsloth` (and `unsloth.chat_templates`,
     `unsloth.trainer`)."""
     if backend == "hf":
-        sys.modules["unsloth"] = hf_backend
-        sys.modules["unsloth.chat_templates"] = hf_backend.chat_templates
-        sys.modules["unsloth.trainer"] = hf_backend.trainer  # hf_trainer: imports trl, as the patching below does
+        for name, module in (("unsloth", hf_backend), ("unsloth.chat_templates", hf_backend.chat_templates),
+                             ("unsloth.trainer", hf_backend.trainer)):  # hf_trainer: imports trl, as patch_trl does
+            patches.set_item("unsloth-fallback-module", sys.modules, name, module)
         # Importing Unsloth lets TRL's trainers take Unsloth-era arguments (dataset_text_field=, max_seq_length=,
         # tokenizer=, beta=, ...) and its configs the keywords Transformers 5 and TRL 1.x renamed (warmup_ratio=);
         # without it, notebooks that pass them fail here. So the fallback patches TRL itself, which means

@@ -43,7 +43,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from nbddp import log
 from nbddp import checkpoint_markers
 from nbddp.errors import UsageError
-from nbddp.runtime import batch_plan
+from nbddp.runtime import batch_plan, patches
 
 _trainers_per_output_dir = {}  # os.path.realpath(output_dir) -> trainers of this process given a folder in it
 
@@ -74,14 +74,9 @@ class CompleteCheckpointsCallback(TrainerCallback):
 def register() -> None:
     """Give every Trainer built from now on a `CompleteCheckpointsCallback` and wrap its methods (see above);
     registering twice is once."""
-    if CompleteCheckpointsCallback not in transformers_trainer.DEFAULT_CALLBACKS:
-        transformers_trainer.DEFAULT_CALLBACKS.append(CompleteCheckpointsCallback)
+    patches.append("checkpoint-markers", transformers_trainer.DEFAULT_CALLBACKS, CompleteCheckpointsCallback)
     for name, wrap in (("_get_output_dir", _own_folder), ("train", _resume_marked), ("_save_checkpoint", _unmark_first)):
-        method = getattr(Trainer, name)
-        if not getattr(method, "nbddp_checkpoint_markers", False):
-            wrapped = functools.wraps(method)(wrap(method))
-            wrapped.nbddp_checkpoint_markers = True
-            setattr(Trainer, name, wrapped)
+        patches.wrap("checkpoint-markers", Trainer, name, lambda method, wrap=wrap: functools.wraps(method)(wrap(method)))
 
 
 def checkpoint_folder(trainer) -> str:

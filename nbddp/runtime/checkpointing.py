@@ -29,6 +29,7 @@ import torch
 
 from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.runtime import patches
 from nbddp.runtime.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
                                            format_gib, shape_from_model)
 
@@ -153,19 +154,17 @@ def choose_gradient_checkpointing(use_gradient_checkpointing, model, max_seq_len
 def patch_trainer(trainer_class) -> None:
     """Make `trainer_class` (transformers' Trainer) honour and check the choice kept on its model; patching twice
     is once. Trainers whose model carries no choice are left as they are."""
-    original = trainer_class.__init__
-    if getattr(original, "nbddp_checks_checkpointing", False):
-        return
+    def make(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            choice = getattr(self.model, "nbddp_checkpointing", None)
+            if isinstance(choice, CheckpointingChoice):
+                apply_to_trainer(self, choice)
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        choice = getattr(self.model, "nbddp_checkpointing", None)
-        if isinstance(choice, CheckpointingChoice):
-            apply_to_trainer(self, choice)
+        return __init__
 
-    __init__.nbddp_checks_checkpointing = True
-    trainer_class.__init__ = __init__
+    patches.wrap("gradient-checkpointing-choice", trainer_class, "__init__", make)
 
 
 def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:

@@ -14,6 +14,7 @@ import inspect
 import os
 
 from nbddp.errors import UsageError
+from nbddp.runtime import patches
 
 # Straight renames (rl_config_compat's TRL_CONFIG_RENAMES, then TRANSFORMERS_CONFIG_RENAMES; TRL's are looked up first).
 TRL_RENAMES = {
@@ -118,16 +119,14 @@ def current_name(config_class, key: str) -> str | None:
 def patch_config(config_class) -> None:
     """`config_class(...)` (a TRL config) takes the renamed keywords and refuses the removed ones, as `forward`
     says; patching twice is once."""
-    original = config_class.__init__
-    if getattr(original, "nbddp_forwards_old_keywords", False):
-        return
+    def make(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **forward(config_class, kwargs))
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **forward(config_class, kwargs))
+        return __init__
 
-    __init__.nbddp_forwards_old_keywords = True
-    config_class.__init__ = __init__
+    patches.wrap("trl-config-old-keywords", config_class, "__init__", make)
 
 
 @functools.cache

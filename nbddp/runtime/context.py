@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.runtime import batch_plan, smoke_sandbox
+from nbddp.runtime import batch_plan, patches, smoke_sandbox
 from nbddp.runtime.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
@@ -345,7 +345,7 @@ def init_distributed(resume=False, batch_layout="notebook") -> DistributedContex
             dist.init_process_group("gloo", timeout=timeout)
             # accelerate (so Trainer) runs DDP over gloo only when told that this is a CPU run; without
             # it, every rank would silently train alone on the whole dataset.
-            os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+            patches.set_item("accelerate-use-cpu", os.environ, "ACCELERATE_USE_CPU", "true", default_only=True)
             _load_onto_indexed_cpu()
     return DistributedContext(rank, local_rank, world_size, local_world_size, device, resume, restart_count,
                               batch_layout)
@@ -362,6 +362,7 @@ def _load_onto_indexed_cpu():
     Registered after torch's own "cpu" (priority 10); it tags nothing when saving.
     """
     torch.serialization.register_package(11, lambda storage: None, _indexed_cpu)
+    patches.record("indexed-cpu-storage", None)  # torch has no unregister; it only restores what torch refused
 
 
 def _indexed_cpu(storage, location):

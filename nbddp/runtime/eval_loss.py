@@ -15,22 +15,22 @@ same to the last bit: 6.3980 on both. Training is untouched.
 """
 import functools
 
+from nbddp.runtime import patches
+
 
 def patch_evaluation_loop(trainer_class) -> None:
     """Make `trainer_class.evaluation_loop` (evaluate and predict) run with average_tokens_across_devices off;
     patching twice is once."""
-    original = trainer_class.evaluation_loop
-    if getattr(original, "nbddp_normalises_per_batch", False):
-        return
+    def make(original):
+        @functools.wraps(original)
+        def evaluation_loop(self, *args, **kwargs):
+            averaging = self.args.average_tokens_across_devices
+            self.args.average_tokens_across_devices = False
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                self.args.average_tokens_across_devices = averaging
 
-    @functools.wraps(original)
-    def evaluation_loop(self, *args, **kwargs):
-        averaging = self.args.average_tokens_across_devices
-        self.args.average_tokens_across_devices = False
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            self.args.average_tokens_across_devices = averaging
+        return evaluation_loop
 
-    evaluation_loop.nbddp_normalises_per_batch = True
-    trainer_class.evaluation_loop = evaluation_loop
+    patches.wrap("one-process-eval-loss", trainer_class, "evaluation_loop", make)

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nbddp import log
-from nbddp.runtime import batch_plan
+from nbddp.runtime import batch_plan, patches
 from nbddp.runtime.batch_plan import BatchPlan
 from nbddp.runtime.checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
 from nbddp.runtime.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
@@ -48,20 +48,18 @@ class Candidate:
 
 def patch_trainer(trainer_class) -> None:
     """Lay out the batch at `train()` for configs planned with `auto`; patching twice is once."""
-    original = trainer_class.train
-    if getattr(original, "nbddp_lays_out_batch", False):
-        return
+    def make(original):
+        @functools.wraps(original)
+        def train(self, *args, **kwargs):
+            plan = batch_plan.of(self.args)
+            if plan is not None and plan.fuller and not getattr(self, "nbddp_laid_out", False):
+                self.nbddp_laid_out = True  # a second train() on the same trainer keeps the first one's layout
+                lay_out(self, plan)
+            return original(self, *args, **kwargs)
 
-    @functools.wraps(original)
-    def train(self, *args, **kwargs):
-        plan = batch_plan.of(self.args)
-        if plan is not None and plan.fuller and not getattr(self, "nbddp_laid_out", False):
-            self.nbddp_laid_out = True  # a second train() on the same trainer keeps the first one's layout
-            lay_out(self, plan)
-        return original(self, *args, **kwargs)
+        return train
 
-    train.nbddp_lays_out_batch = True
-    trainer_class.train = train
+    patches.wrap("batch-layout-at-train", trainer_class, "train", make)
 
 
 def lay_out(trainer, plan: BatchPlan) -> None:

@@ -22,7 +22,9 @@ from transformers import ProgressCallback
 from transformers import trainer as transformers_trainer
 
 from nbddp import log
+from nbddp.runtime import patches
 
+PATCH = "progress-and-metrics-callbacks"
 LINES = 10  # away from a terminal: a line at every tenth of max_steps
 
 
@@ -105,10 +107,13 @@ def register() -> None:
     """Give every Trainer built from now on a `TrainingProgress`: in place of Transformers' ProgressCallback and of
     the PrinterCallback it takes with `disable_tqdm`; in a Jupyter kernel, beside Transformers' notebook display and
     only for a smoke run (NBDDP_PROGRESS_FILE). Registering twice is once."""
-    if transformers_trainer.DEFAULT_PROGRESS_CALLBACK in (ProgressCallback, TrainingProgress):
-        transformers_trainer.DEFAULT_PROGRESS_CALLBACK = transformers_trainer.PrinterCallback = TrainingProgress
-    elif os.environ.get(log.PROGRESS_FILE_ENV) and TrainingProgress not in transformers_trainer.DEFAULT_CALLBACKS:
-        transformers_trainer.DEFAULT_CALLBACKS.append(TrainingProgress)
+    if transformers_trainer.DEFAULT_PROGRESS_CALLBACK is TrainingProgress:
+        return
+    if transformers_trainer.DEFAULT_PROGRESS_CALLBACK is ProgressCallback:
+        for name in ("DEFAULT_PROGRESS_CALLBACK", "PrinterCallback"):
+            patches.set_attribute(PATCH, transformers_trainer, name, TrainingProgress)
+    elif os.environ.get(log.PROGRESS_FILE_ENV):
+        patches.append(PATCH, transformers_trainer.DEFAULT_CALLBACKS, TrainingProgress)
 
 
 def _duration(seconds: float) -> str:

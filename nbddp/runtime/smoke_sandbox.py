@@ -46,9 +46,11 @@ import shutil
 import sys
 from pathlib import Path
 
+from nbddp.runtime import patches
+
 SMOKE_DIR_VARIABLE = "NBDDP_SMOKE_DIR"
 OUTSIDE_PROJECT = "abs"  # <smoke dir>/abs/<path from its root>: where a save outside the project goes
-WRAPPED = "nbddp_smoke_sandbox"  # marks a wrapper, so that install() wraps each method once
+PATCH = "smoke-sandbox"
 UPLOADS = ("upload_file", "upload_folder", "upload_large_folder")
 UNSLOTH_SAVES = ("unsloth_generic_save_pretrained_merged", "unsloth_save_pretrained_gguf",
                  "unsloth_save_pretrained_torchao", "unsloth_convert_lora_to_ggml_and_save_locally")
@@ -78,13 +80,8 @@ def install(project=None, namespace=None) -> None:
         return
     _state["project"] = Path(os.path.abspath(project or os.getcwd()))
     for owner, name, wrap in targets():
-        current = vars(owner).get(name)  # a class's own method (one it inherits is wrapped where it is defined)
-        descriptor = isinstance(current, (classmethod, staticmethod))
-        function = current.__func__ if descriptor else current
-        if current is not None and not getattr(function, WRAPPED, False):
-            wrapper = wrap(function)
-            setattr(wrapper, WRAPPED, True)
-            setattr(owner, name, type(current)(wrapper) if descriptor else wrapper)
+        if vars(owner).get(name) is not None:  # a class's own method (one it inherits is wrapped where it is defined)
+            patches.wrap(PATCH, owner, name, wrap)
     if namespace is not None:
         namespace["open"] = notebook_open
 

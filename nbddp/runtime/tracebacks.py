@@ -27,6 +27,7 @@ import time
 import traceback
 
 from nbddp.errors import NbddpError
+from nbddp.runtime import patches
 from nbddp.formats.sourcemap import SourceMap, SourceMapError, sourcemap_path
 
 # (text of the exception, what to do): causes that DDP adds to a notebook that trains on one GPU.
@@ -69,7 +70,7 @@ def install(script: str) -> None:
             # SystemExit raised by the excepthook sets the exit status; the interpreter still shuts down normally.
             raise SystemExit(status)
 
-    sys.excepthook = report_with_origin
+    patches.set_attribute("cell-tracebacks", sys, "excepthook", report_with_origin)
 
 
 def _gloo_group_exists() -> bool:

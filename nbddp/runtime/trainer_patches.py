@@ -16,6 +16,8 @@ of the model's loss, an ordinary tensor that it may scale in place. Trainers tha
 import functools
 from collections.abc import Mapping
 
+from nbddp.runtime import patches
+
 
 def clone_model_loss(module, args, output):
     """Forward hook: replace `output["loss"]` by a clone, which is not a view of a custom Function's output."""
@@ -26,21 +28,21 @@ def clone_model_loss(module, args, output):
 
 def patch_compute_loss(trainer_class) -> None:
     """Make `trainer_class.compute_loss` see a cloned model loss; patching twice changes nothing."""
-    original = trainer_class.compute_loss
-    if getattr(original, "nbddp_clones_model_loss", False):
-        return
 
     # No functools.wraps: Unsloth reads `inspect.getsource(Trainer.compute_loss)`, which would follow
     # `__wrapped__` to the original, rewrite that and drop this wrapper.
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        hook = model.register_forward_hook(clone_model_loss)
-        try:
-            return original(self, model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch)
-        finally:
-            hook.remove()
+    def make(original):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            hook = model.register_forward_hook(clone_model_loss)
+            try:
+                return original(self, model, inputs, return_outputs=return_outputs,
+                                num_items_in_batch=num_items_in_batch)
+            finally:
+                hook.remove()
 
-    compute_loss.nbddp_clones_model_loss = True
-    trainer_class.compute_loss = compute_loss
+        return compute_loss
+
+    patches.wrap("clone-model-loss", trainer_class, "compute_loss", make)
 
 
 def register_callbacks() -> None:
@@ -53,8 +55,7 @@ def register_callbacks() -> None:
     from nbddp.runtime import progress
 
     progress.register()
-    if not getattr(CallbackHandler.add_callback, "nbddp_metrics_first", False):
-        CallbackHandler.add_callback = _metrics_first(CallbackHandler.add_callback)
+    patches.wrap("progress-and-metrics-callbacks", CallbackHandler, "add_callback", _metrics_first)
 
 
 def _metrics_first(original):
@@ -66,5 +67,4 @@ def _metrics_first(original):
         if isinstance(self.callbacks[-1], MetricsCallback):
             self.callbacks.insert(0, self.callbacks.pop())
 
-    add_callback.nbddp_metrics_first = True
     return add_callback

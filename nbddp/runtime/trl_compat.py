@@ -37,7 +37,7 @@ import inspect
 import warnings
 
 from nbddp.errors import UsageError
-from nbddp.runtime import config_keywords
+from nbddp.runtime import config_keywords, patches
 
 # (module, trainer, config) of the trainers Unsloth's notebooks build; those not importable here are skipped.
 TRAINERS = (
@@ -69,31 +69,30 @@ def patch_trl() -> None:
 def patch_trainer(trainer_class, config_class) -> None:
     """Let `trainer_class.__init__` (a TRL trainer) take Unsloth's keyword arguments, moving those it does not name
     into its `args`, a `config_class`; patching twice is once."""
-    original = trainer_class.__init__
-    if getattr(original, "nbddp_takes_unsloth_arguments", False):
-        return
-    trainer_parameters = set(inspect.signature(original).parameters)
+    def make(original):
+        trainer_parameters = set(inspect.signature(original).parameters)
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        if "tokenizer" in kwargs and "processing_class" in trainer_parameters:
-            kwargs["processing_class"] = kwargs.pop("tokenizer")
-        for name in ("train_dataset", "eval_dataset"):
-            if isinstance(kwargs.get(name), (list, tuple)):  # the vision notebooks' rows: TRL 1.x wants a Dataset
-                kwargs[name] = datasets_from_rows(kwargs[name])
-            if config_class.__name__ == "SFTConfig" and kwargs.get(name) is not None:
-                kwargs[name] = text_over_chats(kwargs[name], kwargs)
-        config_arguments = {name: kwargs.pop(name) for name in list(kwargs) if name not in trainer_parameters}
-        training_args = kwargs.get("args")
-        if config_arguments and training_args is not None:
-            kwargs["args"] = with_config_arguments(config_class, training_args, config_arguments)
-        elif config_arguments:
-            _refuse_without_config(trainer_class, config_class, config_arguments)
-            kwargs.update(config_arguments)  # none of them a config's: TRL's own TypeError names them
-        original(self, *args, **kwargs)
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            if "tokenizer" in kwargs and "processing_class" in trainer_parameters:
+                kwargs["processing_class"] = kwargs.pop("tokenizer")
+            for name in ("train_dataset", "eval_dataset"):
+                if isinstance(kwargs.get(name), (list, tuple)):  # the vision notebooks' rows: TRL 1.x wants a Dataset
+                    kwargs[name] = datasets_from_rows(kwargs[name])
+                if config_class.__name__ == "SFTConfig" and kwargs.get(name) is not None:
+                    kwargs[name] = text_over_chats(kwargs[name], kwargs)
+            config_arguments = {name: kwargs.pop(name) for name in list(kwargs) if name not in trainer_parameters}
+            training_args = kwargs.get("args")
+            if config_arguments and training_args is not None:
+                kwargs["args"] = with_config_arguments(config_class, training_args, config_arguments)
+            elif config_arguments:
+                _refuse_without_config(trainer_class, config_class, config_arguments)
+                kwargs.update(config_arguments)  # none of them a config's: TRL's own TypeError names them
+            original(self, *args, **kwargs)
 
-    __init__.nbddp_takes_unsloth_arguments = True
-    trainer_class.__init__ = __init__
+        return __init__
+
+    patches.wrap("trl-unsloth-arguments", trainer_class, "__init__", make)
 
 
 CHAT_COLUMNS = ("messages", "conversations")
@@ -150,20 +149,18 @@ def config_from(config_class, training_args, config_arguments: dict):
 def patch_sft_config(config_class) -> None:
     """Let `config_class(max_seq_length=N)` (`trl.SFTConfig`) mean `max_length=N`, as Unsloth's SFTConfig takes it;
     a `max_length` given too wins. The value stays readable as `config.max_seq_length`. Patching twice is once."""
-    original = config_class.__init__
-    if getattr(original, "nbddp_takes_max_seq_length", False):
-        return
+    def make(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            max_seq_length = kwargs.pop("max_seq_length", None)
+            if max_seq_length is not None:
+                kwargs.setdefault("max_length", max_seq_length)
+            original(self, *args, **kwargs)
+            self.max_seq_length = max_seq_length
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        max_seq_length = kwargs.pop("max_seq_length", None)
-        if max_seq_length is not None:
-            kwargs.setdefault("max_length", max_seq_length)
-        original(self, *args, **kwargs)
-        self.max_seq_length = max_seq_length
+        return __init__
 
-    __init__.nbddp_takes_max_seq_length = True
-    config_class.__init__ = __init__
+    patches.wrap("sft-max-seq-length", config_class, "__init__", make)
 
 
 class MovedName(UsageError, ImportError):
@@ -176,7 +173,7 @@ def refuse_moved_names(trl) -> None:
     that says where it is. Unsloth leaves these names out of `trl` too (it patches trl.experimental's classes where
     they are), so such a notebook fails under Unsloth with an ImportError that does not."""
     moved = {name: module for name, module in MOVED_TO_EXPERIMENTAL.items() if name not in dir(trl)}
-    if not moved or getattr(vars(trl).get("__getattr__"), "nbddp_refuses_moved_names", False):
+    if not moved or patches.is_patched(vars(trl).get("__getattr__"), "trl-moved-names"):
         return
     lazy_getattr = getattr(type(trl), "__getattr__", None)  # TRL's lazy module loads its names on first use
 
@@ -192,8 +189,8 @@ def refuse_moved_names(trl) -> None:
             raise AttributeError(f"module 'trl' has no attribute {name!r}")
         return lazy_getattr(trl, name)
 
-    __getattr__.nbddp_refuses_moved_names = True
-    trl.__getattr__ = __getattr__  # a module's own __getattr__ (PEP 562) is asked before its class's
+    # A module's own __getattr__ (PEP 562) is asked before its class's.
+    patches.wrap("trl-moved-names", trl, "__getattr__", lambda _lazy: __getattr__)
 
 
 def _refuse_without_config(trainer_class, config_class, config_arguments) -> None:

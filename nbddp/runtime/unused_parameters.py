@@ -25,26 +25,25 @@ Rank 0 prints one line saying which and why.
 import functools
 
 from nbddp import log
+from nbddp.runtime import patches
 
 MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
 
 
 def patch_trainer(trainer_class) -> None:
     """Make `trainer_class.__init__` choose DDP's settings for the models described above; twice is once."""
-    original = trainer_class.__init__
-    if getattr(original, "nbddp_unused_parameters", False):
-        return
+    def make(original):
+        @functools.wraps(original)
+        def __init__(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            if getattr(self.args, "ddp_static_graph", None) is None:
+                outside = trainable_outside_language_model(self.model)
+                if outside:
+                    wrap_for_unused_parameters(self, outside)
 
-    @functools.wraps(original)
-    def __init__(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        if getattr(self.args, "ddp_static_graph", None) is None:
-            outside = trainable_outside_language_model(self.model)
-            if outside:
-                wrap_for_unused_parameters(self, outside)
+        return __init__
 
-    __init__.nbddp_unused_parameters = True
-    trainer_class.__init__ = __init__
+    patches.wrap("unused-tower-adapters", trainer_class, "__init__", make)
 
 
 def trainable_outside_language_model(model) -> list[str]:

@@ -49,21 +49,10 @@ def tiny_model_path(tiny_llama_dir, model_cache):
 
 
 @pytest.fixture
-def backend_patches_undone_after(monkeypatch):
-    """TRL's trainers and configs (and `trl` itself), and Trainer's evaluation loop, as they are now, put back after
-    the test: activating a backend patches them (nbddp/runtime/trl_compat.py, eval_loss.py), and a later test must
-    meet the libraries' own classes."""
-    import trl
-    from transformers import Trainer
-
-    from nbddp.runtime import trl_compat
-
-    for module_name, trainer_name, config_name in trl_compat.TRAINERS:
-        module = trl_compat._import(module_name)
-        if module is not None and trainer_name in dir(module):
-            for cls in (getattr(module, trainer_name), getattr(module, config_name)):
-                monkeypatch.setattr(cls, "__init__", cls.__init__)
-    monkeypatch.setattr(Trainer, "evaluation_loop", Trainer.evaluation_loop)
-    monkeypatch.setattr(Trainer, "train", Trainer.train)  # fuller_batch.patch_trainer
+def backend_patches_undone_after():
+    """Every patch nbddp applied (nbddp/runtime/patches.py), during the test or before it, undone after it: a later
+    test must meet the libraries' own classes."""
     yield
-    vars(trl).pop("__getattr__", None)  # trl_compat.refuse_moved_names
+    from nbddp.runtime import patches
+
+    patches.undo()

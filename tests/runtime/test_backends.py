@@ -4,6 +4,7 @@ import types
 import pytest
 import torch
 
+from nbddp.runtime import patches
 from nbddp.errors import UsageError
 from nbddp.runtime import backends, hf_backend
 
@@ -78,4 +79,4 @@ def test_unsloth_is_imported_and_the_trainer_patched(monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", real_unsloth)
     backends.activate("unsloth")
     assert sys.modules["unsloth"] is real_unsloth
-    assert Trainer.compute_loss.nbddp_clones_model_loss
+    assert patches.is_patched(Trainer.compute_loss, "clone-model-loss")

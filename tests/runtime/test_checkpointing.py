@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nbddp.runtime import patches
 from nbddp.errors import UsageError
 from nbddp.runtime import checkpointing, hf_backend
 from nbddp.runtime.checkpointing import (
@@ -246,7 +247,7 @@ def test_both_backends_patch_the_trainer(backend, monkeypatch, backend_patches_u
     from nbddp.runtime import backends
 
     init = Trainer.__init__
-    unpatched = init.__wrapped__ if getattr(init, "nbddp_checks_checkpointing", False) else init
+    unpatched = init.__wrapped__ if patches.is_patched(init, "gradient-checkpointing-choice") else init
     monkeypatch.setattr(Trainer, "__init__", unpatched)  # restored after the test, like the others
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
@@ -255,4 +256,4 @@ def test_both_backends_patch_the_trainer(backend, monkeypatch, backend_patches_u
     else:
         monkeypatch.delitem(sys.modules, "unsloth", raising=False)
     backends.activate(backend)
-    assert getattr(Trainer.__init__, "nbddp_checks_checkpointing", False)
+    assert patches.is_patched(Trainer.__init__, "gradient-checkpointing-choice")

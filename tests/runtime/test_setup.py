@@ -10,12 +10,12 @@ import torch
 
 from nbddp import runtime
 from nbddp.errors import UsageError
-from nbddp.runtime import flags
+from nbddp.runtime import flags, patches
 from nbddp.runtime.context import DistributedContext
 
 
 @pytest.fixture
-def cpu_script_mode(monkeypatch, backend_patches_undone_after):
+def cpu_script_mode(monkeypatch):
     """One CPU process run as a script; what setup changes in this interpreter is undone afterwards."""
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
@@ -25,7 +25,7 @@ def cpu_script_mode(monkeypatch, backend_patches_undone_after):
     monkeypatch.delitem(sys.modules, "unsloth.chat_templates", raising=False)
     had_display = builtins.__dict__.pop("display", None)  # a script has none
     yield
-    builtins.__dict__.pop("display", None)
+    patches.undo()
     if had_display is not None:
         builtins.display = had_display
 
@@ -33,7 +33,11 @@ def cpu_script_mode(monkeypatch, backend_patches_undone_after):
 def test_setup_reports_backend_and_world(cpu_script_mode, capsys):
     ddp = runtime.setup(backend="auto", script=None)
     assert isinstance(ddp, DistributedContext) and ddp.world_size == 1
-    assert capsys.readouterr().out == "nbddp: backend=hf (Transformers+PEFT fallback: no CUDA) world_size=1 device=cpu\n"
+    backend, patched = capsys.readouterr().out.splitlines()
+    assert backend == "nbddp: backend=hf (Transformers+PEFT fallback: no CUDA) world_size=1 device=cpu"
+    assert patched == f"nbddp: patched: {', '.join(patches.active())} (why: nbddp/runtime/patches.py)"
+    assert {"notebook-display", "unsloth-fallback-module", "trl-unsloth-arguments", "checkpoint-markers"} <= set(
+        patches.active())
     assert sys.modules["unsloth"].FastLanguageModel
 
 

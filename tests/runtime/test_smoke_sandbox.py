@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.runtime import smoke_sandbox
+from nbddp.runtime import patches, smoke_sandbox
 from nbddp.runtime.context import DistributedContext
 
 REPO = Path(__file__).parents[2]
@@ -184,8 +184,8 @@ def test_installing_twice_wraps_once(smoke_run):
     from peft import PeftModel
 
     smoke_sandbox.install()
-    assert getattr(PeftModel.save_pretrained, smoke_sandbox.WRAPPED)
-    assert not hasattr(PeftModel.save_pretrained.__wrapped__, smoke_sandbox.WRAPPED)
+    assert patches.is_patched(PeftModel.save_pretrained, smoke_sandbox.PATCH)
+    assert not patches.is_patched(PeftModel.save_pretrained.__wrapped__, smoke_sandbox.PATCH)
 
 
 def test_unsloths_saving_functions_are_redirected_and_its_pushes_skipped(smoke_run, monkeypatch, capsys):

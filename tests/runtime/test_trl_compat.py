@@ -6,6 +6,7 @@ import torch
 from transformers import TrainingArguments
 from trl import DPOConfig, GRPOConfig, SFTConfig, SFTTrainer
 
+from nbddp.runtime import patches
 from nbddp.errors import UsageError
 from nbddp.runtime import backends, training_overrides
 from nbddp.runtime.context import DistributedContext
@@ -146,11 +147,11 @@ def test_only_the_hf_backend_patches_trl(monkeypatch, backend_patches_undone_aft
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)
     monkeypatch.setitem(sys.modules, "unsloth", type(sys)("unsloth"))  # a stand-in for the real Unsloth
     backends.activate("unsloth")
-    assert not getattr(SFTTrainer.__init__, "nbddp_takes_unsloth_arguments", False)
-    assert not getattr(SFTConfig.__init__, "nbddp_takes_max_seq_length", False)
+    assert not patches.is_patched(SFTTrainer.__init__, "trl-unsloth-arguments")
+    assert not patches.is_patched(SFTConfig.__init__, "sft-max-seq-length")
     backends.activate("hf")
-    assert SFTTrainer.__init__.nbddp_takes_unsloth_arguments
-    assert SFTConfig.__init__.nbddp_takes_max_seq_length
+    assert patches.is_patched(SFTTrainer.__init__, "trl-unsloth-arguments")
+    assert patches.is_patched(SFTConfig.__init__, "sft-max-seq-length")
 
 
 @pytest.fixture
@@ -221,8 +222,8 @@ def test_the_trainers_the_notebooks_use_are_patched(hf_backend_active):
     from trl import DPOTrainer, GRPOTrainer
 
     for trainer_class, config_class in ((SFTTrainer, SFTConfig), (GRPOTrainer, GRPOConfig), (DPOTrainer, DPOConfig)):
-        assert trainer_class.__init__.nbddp_takes_unsloth_arguments
-        assert config_class.__init__.nbddp_forwards_old_keywords
+        assert patches.is_patched(trainer_class.__init__, "trl-unsloth-arguments")
+        assert patches.is_patched(config_class.__init__, "trl-config-old-keywords")
 
 
 def test_orpo_is_patched_where_trl_has_it_and_a_usage_error_where_it_moved(hf_backend_active):
@@ -236,7 +237,8 @@ def test_orpo_is_patched_where_trl_has_it_and_a_usage_error_where_it_moved(hf_ba
                                              r"ORPOConfig, ORPOTrainer`.*trl==0\.22\.2"):
             from trl import ORPOConfig  # noqa: F401
         from trl.experimental.orpo import ORPOConfig, ORPOTrainer
-    assert ORPOTrainer.__init__.nbddp_takes_unsloth_arguments and ORPOConfig.__init__.nbddp_forwards_old_keywords
+    assert patches.is_patched(ORPOTrainer.__init__, "trl-unsloth-arguments")
+    assert patches.is_patched(ORPOConfig.__init__, "trl-config-old-keywords")
     # what probes for the names (--set's list of configs) still finds the configs there are
     assert ORPOConfig in training_overrides.config_classes()
     from trl import SFTConfig as still_there  # the other names load as before

@@ -25,7 +25,8 @@ import torch
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 if sys.argv[2] == "unpatched":
-    assert Trainer.__init__.nbddp_unused_parameters  # the outermost wrapper of __init__ is unused_parameters'
+    from nbddp.runtime import patches
+    assert patches.is_patched(Trainer.__init__, "unused-tower-adapters")
     Trainer.__init__ = Trainer.__init__.__wrapped__
 model, processor = FastVisionModel.from_pretrained(sys.argv[1], load_in_4bit=False)
 model = FastVisionModel.get_peft_model(model, r=4, lora_alpha=4, target_modules=["q_proj", "v_proj"],

@@ -1,0 +1,227 @@
+"""Every change nbddp makes to other libraries and to process globals, in one table (PATCHES), and the helpers that
+make them.
+
+Each patch has a name, what it changes, the library it changes, when it applies and why (the upstream issue or the
+version that made it necessary). The helpers change a thing once however often they are called, and record how to
+put it back: `undo()` restores everything, for tests. `announce()` gives rank 0 one line naming the active patches,
+and warns when an installed library is outside the versions they were tested on (TESTED: the two stacks of
+requirements.txt and requirements-notebooks.txt, and Unsloth's release on the GPU host).
+
+The patches that remain patches are those Transformers has no hook for: callbacks see a Trainer's events, not its
+loss computation, its evaluation loop, its dataloaders before `train()` builds them or the folder it saves into.
+"""
+import dataclasses
+import functools
+import importlib.metadata
+import inspect
+
+from packaging.version import Version
+
+from nbddp import log
+
+__all__ = ["PATCHES", "TESTED", "wrap", "set_attribute", "set_item", "append", "record", "undo", "active",
+           "is_patched", "announce"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    target: str  # what is changed
+    library: str  # the distribution that defines it ("python": the interpreter's own globals)
+    when: str  # "hf backend", "unsloth backend", "every run", "a script", "CPU runs", "smoke runs"
+    why: str
+
+
+PATCHES = {
+    "clone-model-loss": Patch(
+        "transformers.Trainer.compute_loss", "transformers", "unsloth backend",
+        "unslothai/unsloth#3452: Trainer scales the loss in place on N processes, which autograd refuses for the "
+        "view Unsloth's fused cross-entropy returns (trainer_patches)"),
+    "trl-unsloth-arguments": Patch(
+        "__init__ of TRL's SFT, GRPO, DPO and ORPO trainers", "trl", "hf backend",
+        "TRL 0.13 moved dataset_text_field=, max_seq_length=, beta=, tokenizer= into the configs; importing Unsloth "
+        "moves them back (unsloth/trainer.py), the fallback does the same (trl_compat)"),
+    "trl-config-old-keywords": Patch(
+        "__init__ of those trainers' configs", "trl", "hf backend",
+        "Transformers 5 and TRL 1.x renamed keywords the notebooks pass (warmup_ratio=); Unsloth forwards them "
+        "(config_keywords)"),
+    "sft-max-seq-length": Patch(
+        "trl.SFTConfig.__init__", "trl", "hf backend",
+        "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (trl_compat)"),
+    "trl-moved-names": Patch(
+        "trl.__getattr__", "trl", "hf backend",
+        "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where (trl_compat)"),
+    "unsloth-fallback-module": Patch(
+        'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"]', "python", "hf backend",
+        "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
+        "(backends)"),
+    "gradient-checkpointing-choice": Patch(
+        "transformers.Trainer.__init__", "transformers", "every run",
+        "the trainer honours the gradient checkpointing nbddp chose for the model, and checks its first step's "
+        "memory (checkpointing)"),
+    "unused-tower-adapters": Patch(
+        "transformers.Trainer.__init__", "transformers", "every run",
+        "a multimodal model's tower adapters get no gradient, which stops DDP; static graphs fail under no_sync() "
+        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters (unused_parameters)"),
+    "batch-layout-at-train": Patch(
+        "transformers.Trainer.train", "transformers", "every run",
+        "--batch_layout auto lays out the batch once the trainer knows its model and data (fuller_batch)"),
+    "one-process-eval-loss": Patch(
+        "transformers.Trainer.evaluation_loop", "transformers", "every run",
+        "the held-out loss of N processes is the loss of 1, whatever the padding (eval_loss)"),
+    "progress-and-metrics-callbacks": Patch(
+        "transformers.trainer.DEFAULT_CALLBACKS, CallbackHandler.add_callback", "transformers", "every run",
+        "every Trainer shows rank 0's progress, and nbddp's metrics reach the reporting callbacks, which "
+        "Transformers calls first (progress, trainer_patches)"),
+    "checkpoint-markers": Patch(
+        "transformers.trainer.DEFAULT_CALLBACKS, Trainer._get_output_dir, .train, ._save_checkpoint",
+        "transformers", "every run",
+        "a checkpoint is resumed from only once every rank finished writing it (checkpoint_callback)"),
+    "smoke-sandbox": Patch(
+        "save_pretrained, push_to_hub, from_pretrained, torch.save/load, savefig, save_to_disk/load_from_disk",
+        "transformers", "smoke runs",
+        "the smoke run writes into its own folder and pushes nothing (smoke_sandbox)"),
+    "notebook-display": Patch(
+        "builtins.display", "python", "a script",
+        "cells call IPython's builtin display() bare, which a script lacks (script_display)"),
+    "cell-tracebacks": Patch(
+        "sys.excepthook", "python", "a script",
+        "a traceback also names the notebook cell its line came from (tracebacks)"),
+    "accelerate-use-cpu": Patch(
+        "os.environ['ACCELERATE_USE_CPU']", "accelerate", "CPU runs",
+        "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone (context)"),
+    "indexed-cpu-storage": Patch(
+        "torch.serialization's location tags", "torch", "CPU runs",
+        "accelerate gives CPU ranks the device cpu:0, which torch.load cannot restore when resuming (context)"),
+}
+
+# The versions the patches were tested on, inclusive (major.minor), per library they patch.
+TESTED = {
+    "transformers": ("4.56", "5.17"),
+    "trl": ("0.22", "1.14"),
+    "accelerate": ("1.15", "1.15"),
+    "torch": ("2.11", "2.13"),
+    "unsloth": ("2026.10", "2026.10"),
+}
+
+MARK = "nbddp_patches"  # on a wrapper: the names of the patches it carries, inner wrappers' included
+_MISSING = object()
+_undo: list = []  # (patch, restore), in the order applied
+_active: dict = {}  # patch name -> None, in the order first applied
+
+
+def wrap(patch: str, owner, attribute: str, make) -> None:
+    """Set `owner.attribute` to `make(function)`, the function it holds now (a classmethod's or staticmethod's
+    function, rewrapped alike; None when there is none), unless that already carries `patch`. `make` may use
+    functools.wraps."""
+    _check(patch)
+    current = inspect.getattr_static(owner, attribute, None)
+    descriptor = isinstance(current, (classmethod, staticmethod))
+    function = current.__func__ if descriptor else current
+    if is_patched(function, patch):
+        return
+    wrapper = make(function)
+    setattr(wrapper, MARK, getattr(function, MARK, frozenset()) | {patch})
+    set_attribute(patch, owner, attribute, type(current)(wrapper) if descriptor else wrapper)
+
+
+def is_patched(function, patch: str) -> bool:
+    """Whether `function` is (or wraps) the wrapper `patch` made."""
+    return patch in getattr(function, MARK, ())
+
+
+def set_attribute(patch: str, owner, attribute: str, value) -> None:
+    """`setattr(owner, attribute, value)`, undone by putting back what `owner` itself held (or nothing)."""
+    _check(patch)
+    previous = vars(owner).get(attribute, _MISSING)
+    setattr(owner, attribute, value)
+    record(patch, functools.partial(_restore_attribute, owner, attribute, previous))
+
+
+def set_item(patch: str, mapping, key, value, *, default_only=False) -> None:
+    """`mapping[key] = value` (`sys.modules`, `os.environ`); with `default_only`, only when `key` is not there."""
+    _check(patch)
+    if default_only and key in mapping:
+        return
+    previous = mapping.get(key, _MISSING)
+    mapping[key] = value
+    record(patch, functools.partial(_restore_item, mapping, key, previous))
+
+
+def append(patch: str, items: list, item) -> None:
+    """Append `item` to `items` unless it is there."""
+    _check(patch)
+    if item not in items:
+        items.append(item)
+        record(patch, functools.partial(items.remove, item))
+
+
+def record(patch: str, restore) -> None:
+    """Note that `patch` is active, and that `restore()` undoes what was just done for it (None: it stays)."""
+    _check(patch)
+    _active[patch] = None
+    _undo.append((patch, restore))
+
+
+def undo() -> None:
+    """Put back everything the helpers changed, newest first."""
+    while _undo:
+        restore = _undo.pop()[1]
+        if restore is not None:
+            restore()
+    _active.clear()
+
+
+def active() -> tuple[str, ...]:
+    """The names of the patches applied in this process (not undone), in the order first applied."""
+    return tuple(_active)
+
+
+def announce() -> None:
+    """One info line naming the active patches; a warning per patched library whose installed version is outside
+    TESTED. For rank 0."""
+    if not _active:
+        return
+    log.info(f"nbddp: patched: {', '.join(_active)} (why: nbddp/runtime/patches.py)")
+    for library, (low, high) in TESTED.items():
+        installed = _version(library)
+        patched = [name for name in _active if PATCHES[name].library == library]
+        if installed is None or not patched or _within(installed, low, high):
+            continue
+        tested = low if low == high else f"{low} to {high}"
+        log.warning(f"nbddp: warning: {library} {installed} is installed, and nbddp's patches of it "
+                    f"({', '.join(patched)}) were tested on {library} {tested}; if training fails inside "
+                    f"{library}, install a tested version (pip install -r requirements.txt, or "
+                    f"requirements-notebooks.txt for the notebooks' pinned stack)")
+
+
+def _check(patch: str) -> None:
+    if patch not in PATCHES:
+        raise KeyError(f"{patch!r} is not in nbddp.runtime.patches.PATCHES: add it to the table, with why")
+
+
+def _within(installed: str, low: str, high: str) -> bool:
+    """Whether `installed`'s major.minor is in [low, high] ("5.17.0+cpu" is 5.17)."""
+    release = Version(installed).release[:2]
+    return Version(low).release <= release <= Version(high).release
+
+
+def _version(library: str) -> str | None:
+    try:
+        return importlib.metadata.version(library)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _restore_attribute(owner, attribute, previous) -> None:
+    if previous is _MISSING:
+        if attribute in vars(owner):
+            delattr(owner, attribute)
+    else:
+        setattr(owner, attribute, previous)
+
+
+def _restore_item(mapping, key, previous) -> None:
+    if previous is _MISSING:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = previous
