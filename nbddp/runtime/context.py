@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.runtime import batch_plan, patches, smoke_sandbox
+from nbddp.runtime import batch_plan, patches, smoke_sandbox, started_processes
 from nbddp.runtime.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
@@ -127,6 +127,12 @@ class DistributedContext:
                 with open(path, "a" if append else "w", encoding="utf-8") as file:
                     file.write(text)
                 print(f"{verb} {path}", flush=True)
+
+    def start_process(self, start):
+        """A cell's `subprocess.Popen(...)` (a server), as `ddp.start_process(lambda: subprocess.Popen(...))`: started
+        once per machine, as `shell` runs a command; the other ranks get a handle on that process
+        (started_processes)."""
+        return started_processes.start_once(start, self._once)
 
     def device_properties(self):
         """For a notebook's `torch.cuda.get_device_properties(0)`: this rank's GPU; on the CPU a stand-in with the

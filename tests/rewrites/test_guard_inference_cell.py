@@ -52,12 +52,49 @@ def test_unsloth_inference_cell_runs_on_the_main_process_only():
         'pipe = pipeline("text-generation", model=model, tokenizer=tokenizer)',
         'pipe = transformers.pipeline(task="text-generation", model=model)',
         "FastModel.for_inference(model)",
+        "output = model.fast_generate([text], sampling_params = sampling_params, lora_request = None)",
     ],
 )
 def test_every_kind_of_generation_is_found(line):
     code, changes = run(GuardInferenceCell, f"x = 1\n{line}\n")
     assert code == f"if ddp.is_main_process:\n    x = 1\n    {line}\nddp.barrier()\n"
     assert [number for number, _ in changes] == [2]
+
+
+def test_unsloth_vllm_inference_cell_with_its_lora_runs_on_the_main_process_only():
+    # GRPO notebooks with fast_inference = True (Advanced_Llama3_1_(3B)_GRPO_LoRA, cell 47): vLLM sampling with the
+    # LoRA just saved; the cell's last value is shown, once.
+    changes = assert_rewrites(
+        GuardInferenceCell,
+        """\
+        from vllm import SamplingParams
+        sampling_params = SamplingParams(temperature = 0.8, max_tokens = 1024)
+        output = model.fast_generate(
+            text,
+            sampling_params = sampling_params,
+            lora_request = model.load_lora("grpo_saved_lora"),
+        )[0].outputs[0].text
+        ddp.show(output)
+        """,
+        """\
+        from vllm import SamplingParams
+        if ddp.is_main_process:
+            sampling_params = SamplingParams(temperature = 0.8, max_tokens = 1024)
+            output = model.fast_generate(
+                text,
+                sampling_params = sampling_params,
+                lora_request = model.load_lora("grpo_saved_lora"),
+            )[0].outputs[0].text
+            ddp.show(output)
+        ddp.barrier()
+        """,
+    )
+    assert changes == [(3, "the cell generates text (model.fast_generate): it runs on the main process only, then "
+                           "ddp.barrier()")]
+
+
+def test_loading_a_lora_alone_generates_nothing():
+    assert_unchanged(GuardInferenceCell, 'lora_request = model.load_lora("grpo_saved_lora")\n')
 
 
 def test_leading_imports_and_rebindings_stay_on_every_rank():

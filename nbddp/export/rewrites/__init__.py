@@ -25,17 +25,22 @@ from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMai
 from nbddp.export.rewrites.run_overrides import RunOverrides
 from nbddp.export.rewrites.set_ddp_training_args import SetDdpTrainingArgs
 from nbddp.export.rewrites.show_cell_result import ShowCellResult
+from nbddp.export.rewrites.start_processes_once import StartProcessesOnce
 from nbddp.export.rewrites.use_tqdm_auto import UseTqdmAuto
+from nbddp.export.rewrites.warn_own_training_loop import WarnOwnTrainingLoop
+from nbddp.export.rewrites.warn_remote_generation import WarnRemoteGeneration
 
 # The refusal first; the process setup dropped before replace-cuda-device makes `set_device(torch.device("cuda"))`
 # a `set_device(ddp.device)`; argument-level rewrites, and the cell's last value shown (while it is still the cell's
 # last top-level statement); then the ones that move statements into blocks: a whole-cell guard before the
-# per-statement ones, which leave code under `if ddp.is_main_process:` alone.
+# per-statement ones, which leave code under `if ddp.is_main_process:` alone; last the warnings, which change nothing
+# and pass over code that now runs on the main process only.
 REWRITES: list[type[Rewrite]] = [
     RefuseInput,
     HoistUnslothImport,
     UseTqdmAuto,
     DropProcessSetup,
+    StartProcessesOnce,
     InjectDeviceMap,
     ReplaceCudaDevice,
     SetDdpTrainingArgs,
@@ -48,6 +53,8 @@ REWRITES: list[type[Rewrite]] = [
     GuardInferenceCell,
     RunDatasetsMainProcessFirst,
     GuardRank0SideEffects,
+    WarnRemoteGeneration,
+    WarnOwnTrainingLoop,
 ]
 
 

@@ -1,10 +1,12 @@
 """A cell that generates text runs on the main process only, and the other ranks wait for it.
 
 Sampling from the model on every rank would only repeat the same work N times (and print it N
-times). A cell generates text when it calls `*.generate(...)`, `FastLanguageModel.for_inference(...)`
-(or `FastModel`/`FastVisionModel`), `TextStreamer(...)`/`TextIteratorStreamer(...)`, or
-`pipeline("text-generation", ...)`. The cell becomes `if ddp.is_main_process:` + its code, then
-`ddp.barrier()` (`rank0_block`, which the export also uses for cells tagged `rank0`).
+times). A cell generates text when it calls `*.generate(...)`, Unsloth's vLLM `*.fast_generate(...)`,
+`FastLanguageModel.for_inference(...)` (or `FastModel`/`FastVisionModel`), `TextStreamer(...)`/
+`TextIteratorStreamer(...)`, or `pipeline("text-generation", ...)`; a `model.load_lora(...)` (the LoRA request
+`fast_generate` samples with) generates nothing alone and goes where its cell goes. The cell becomes
+`if ddp.is_main_process:` + its code, then `ddp.barrier()` (`rank0_block`, which the export also uses for
+cells tagged `rank0`).
 
 A cell that also makes a collective call (`trainer.train()`, `ddp.barrier()`, ...) is left for all
 ranks with a note: guarding it would leave the other ranks waiting forever. Generation inside a
@@ -28,13 +30,14 @@ __all__ = ["GuardInferenceCell", "rank0_block"]
 
 UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
 STREAMERS = {"TextStreamer", "TextIteratorStreamer"}
+GENERATE_METHODS = {"generate", "fast_generate"}
 GENERATION_TASKS = {"text-generation", "text2text-generation", "image-text-to-text"}
 SKIPPED_TAGS = {"rank0", "main-process-first"}  # the export wraps these cells itself
 
 
 def generates_text(call: cst.Call) -> bool:
     name = callee_name(call)
-    if isinstance(call.func, cst.Attribute) and name == "generate":
+    if isinstance(call.func, cst.Attribute) and name in GENERATE_METHODS:
         return True
     if name == "for_inference" and receiver_name(call) in UNSLOTH_LOADERS:
         return True
