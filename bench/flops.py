@@ -8,7 +8,8 @@ Convention (model FLOPs, no recompute counted, so checkpointing lowers MFU rathe
 per layer per token, with N the linear weights of every decoder layer plus lm_head (the embedding
 lookup is no matmul). Same formula for QLoRA: the 4-bit weights are dequantised to bf16 matmuls.
 """
-from nbddp.runtime.memory_estimate import LORA_TARGETS, parameter_counts  # one parameter count for flops and memory
+# one parameter count for flops and memory
+from nbddp.runtime.memory.memory_estimate import LORA_TARGETS, parameter_counts
 
 
 def flops_per_token(config, seq_len, lora_r=16, targets=LORA_TARGETS):

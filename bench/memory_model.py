@@ -1,10 +1,10 @@
 """Peak GPU memory per gradient-checkpointing mode, and the cheapest mode that fits, from a config file.
 
-The estimate itself is the runtime's (`nbddp.runtime.memory_estimate`, which the generated script uses to
+The estimate itself is the runtime's (`nbddp.runtime.memory.memory_estimate`, which the generated script uses to
 choose its mode); this module gives it the benchmarks' inputs: a config.json and `load_in_4bit`, before any
 model exists. Modes, cheapest first: "off", "true", "unsloth" (see the runtime module for what each keeps).
 """
-from nbddp.runtime.memory_estimate import HEADROOM, MODES, cheapest_fitting, estimate_peak, shape_from_config
+from nbddp.runtime.memory.memory_estimate import HEADROOM, MODES, cheapest_fitting, estimate_peak, shape_from_config
 
 __all__ = ["MODES", "choose_checkpointing", "estimate_peak_gib"]
 

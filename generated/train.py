@@ -73,7 +73,7 @@ ddp = runtime.setup(globals())
 
 # %% 01_data_prep.ipynb cell 5
 from transformers import AutoTokenizer
-from nbddp.runtime.models import require_model
+from nbddp.runtime.inputs.models import require_model
 
 require_model(model_name)
 tokenizer = AutoTokenizer.from_pretrained(model_name)
@@ -117,7 +117,7 @@ def formatting_prompts_func(examples):
 # %% 01_data_prep.ipynb cell 9
 with ddp.main_process_first():
     from datasets import load_dataset
-    from nbddp.runtime.data import require_file, require_fields
+    from nbddp.runtime.inputs.data import require_file, require_fields
 
     require_file(data_path)
     dataset = load_dataset("json", data_files = data_path, split = "train")
@@ -141,7 +141,7 @@ with ddp.main_process_first():
 
 # %% 02_lora_setup.ipynb cell 5
 with ddp.main_process_first():
-    from nbddp.runtime.tiny_model import ensure_weights
+    from nbddp.runtime.backends.tiny_model import ensure_weights
 
     model_path = ensure_weights(model_name)
 
@@ -167,7 +167,7 @@ model, tokenizer = FastLanguageModel.from_pretrained(
 # the first training step.
 
 # %% 02_lora_setup.ipynb cell 8
-from nbddp.runtime.checkpointing import choose_gradient_checkpointing
+from nbddp.runtime.memory.gradient_checkpointing import choose_gradient_checkpointing
 
 gradient_checkpointing = choose_gradient_checkpointing(
     use_gradient_checkpointing,
@@ -217,7 +217,7 @@ model = FastLanguageModel.get_peft_model(
 # %% 03_train.ipynb cell 5
 from unsloth import is_bfloat16_supported
 from trl import SFTConfig, SFTTrainer
-from nbddp.runtime.metrics import MetricsCallback
+from nbddp.runtime.reporting.metrics import MetricsCallback
 
 trainer = SFTTrainer(
     model = model,

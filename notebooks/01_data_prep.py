@@ -50,7 +50,7 @@ eval_rows = 200  # rows held out for the evaluation loss
 
 # %%
 from transformers import AutoTokenizer
-from nbddp.runtime.models import require_model
+from nbddp.runtime.inputs.models import require_model
 
 require_model(model_name)
 tokenizer = AutoTokenizer.from_pretrained(model_name)
@@ -92,7 +92,7 @@ def formatting_prompts_func(examples):
 
 # %% tags=["main-process-first"]
 from datasets import load_dataset
-from nbddp.runtime.data import require_file, require_fields
+from nbddp.runtime.inputs.data import require_file, require_fields
 
 require_file(data_path)
 dataset = load_dataset("json", data_files = data_path, split = "train")

@@ -41,7 +41,7 @@ use_gradient_checkpointing = "auto"  # auto | unsloth | true | false: auto takes
 # process builds the weights and the others load them.)
 
 # %% tags=["main-process-first"]
-from nbddp.runtime.tiny_model import ensure_weights
+from nbddp.runtime.backends.tiny_model import ensure_weights
 
 model_path = ensure_weights(model_name)
 
@@ -66,7 +66,7 @@ model, tokenizer = FastLanguageModel.from_pretrained(
 # the first training step.
 
 # %%
-from nbddp.runtime.checkpointing import choose_gradient_checkpointing
+from nbddp.runtime.memory.gradient_checkpointing import choose_gradient_checkpointing
 
 gradient_checkpointing = choose_gradient_checkpointing(
     use_gradient_checkpointing,

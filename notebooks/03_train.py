@@ -50,7 +50,7 @@ save_total_limit = 2  # checkpoints kept: the newest ones
 # %%
 from trl import SFTConfig, SFTTrainer
 from unsloth import is_bfloat16_supported
-from nbddp.runtime.metrics import MetricsCallback
+from nbddp.runtime.reporting.metrics import MetricsCallback
 
 trainer = SFTTrainer(
     model = model,

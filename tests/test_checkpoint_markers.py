@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from nbddp import checkpoint_markers
-from nbddp.checkpoint_markers import MARKER
+from nbddp.formats import checkpoint_markers
+from nbddp.formats.checkpoint_markers import MARKER
 
 
 def write_checkpoint(output_dir, step, complete=True, completed_at=None):

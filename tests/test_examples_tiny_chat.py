@@ -8,7 +8,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "tiny-chat"
 BUILDER = REPO / "models" / "build_tiny_chat.py"
-TABLE = json.loads((REPO / "nbddp" / "runtime" / "unsloth_chat_templates.json").read_text(encoding="utf-8"))
+TABLE = json.loads((REPO / "nbddp" / "runtime" / "backends"
+                    / "unsloth_chat_templates.json").read_text(encoding="utf-8"))
 
 
 def load_builder():

@@ -4,7 +4,7 @@ from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.parameters import merge_parameters, read_parameters
 from nbddp.export.rewrites.base import CellLocation
-from nbddp.runtime import flags
+from nbddp.runtime.inputs import flags
 
 
 def parameters_cell(notebook, number, source):

@@ -18,3 +18,13 @@ def test_a_room_loads_without_the_others(module, absent):
     code = f"import sys, {module}; print(sorted(name for name in {absent!r} if name in sys.modules))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_no_runtime_module_loads_the_export_or_orchestration_rooms():
+    # Every module of every runtime room, not just the package the generated script imports.
+    code = ("import pkgutil, importlib, sys, nbddp.runtime as r\n"
+            "for m in pkgutil.walk_packages(r.__path__, 'nbddp.runtime.'): importlib.import_module(m.name)\n"
+            "print(sorted(n for n in ('libcst', 'jupytext', 'papermill', 'nbddp.export', 'nbddp.orchestration') "
+            "if n in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300)
+    assert result.stdout.strip() == "[]"

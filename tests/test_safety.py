@@ -12,7 +12,7 @@ import yaml
 
 from nbddp.errors import UsageError
 from nbddp.orchestration import parameters
-from nbddp.runtime.flags import apply_flags
+from nbddp.runtime.inputs.flags import apply_flags
 
 REPO = Path(__file__).resolve().parent.parent
 PAYLOAD = "__import__('os').system('touch {marker}')"
@@ -124,7 +124,7 @@ def remote_code_model(tmp_path, monkeypatch, marker):
 
 
 def test_the_hf_backend_does_not_run_a_models_code(remote_code_model):
-    from nbddp.runtime import hf_backend
+    from nbddp.runtime.backends import hf_backend
 
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         hf_backend.FastLanguageModel.from_pretrained(str(remote_code_model))

@@ -1,6 +1,6 @@
 """The tiny models kept in models/: each builder rewrites its folder's committed files byte for byte, no weights are
-committed (nbddp.runtime.tiny_model.ensure_weights builds them), and the tiny Whisper trains as Whisper's notebook
-loads it."""
+committed (nbddp.runtime.backends.tiny_model.ensure_weights builds them), and the tiny Whisper trains as Whisper's
+notebook loads it."""
 import subprocess
 import sys
 from pathlib import Path
@@ -44,8 +44,8 @@ def test_the_tiny_whisper_loads_and_trains_as_whisper_s_notebook_has_it(tmp_path
     from transformers import WhisperForConditionalGeneration
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
-    from nbddp.runtime.hf_backend import FastModel
-    from nbddp.runtime.tiny_model import ensure_weights
+    from nbddp.runtime.backends.hf_backend import FastModel
+    from nbddp.runtime.backends.tiny_model import ensure_weights
 
     path = ensure_weights(str(REPO / "models" / "tiny-whisper"))
     _, loading = WhisperForConditionalGeneration.from_pretrained(path, output_loading_info=True)

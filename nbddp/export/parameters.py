@@ -7,7 +7,7 @@ from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import check_syntax
 from nbddp.formats.parameters import ParametersCellError, read_cell
-from nbddp.script_parameters import NBDDP_PARAMETER_LINES, NBDDP_PARAMETERS
+from nbddp.formats.script_parameters import NBDDP_PARAMETER_LINES, NBDDP_PARAMETERS
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
 RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag
@@ -33,7 +33,7 @@ class Parameter:
 class MergedParameters:
     """The merged parameters cell: its source and where each of its lines came from. A `# <notebook file name>`
     line (`# nbddp` for nbddp's own) stands above each notebook's parameters: the runtime reads it for `--help`
-    (`nbddp.runtime.flags.defined_in`)."""
+    (`nbddp.runtime.inputs.flags.defined_in`)."""
 
     source: str
     origin: list  # per line: [notebook, cell, line] or None for lines nbddp wrote

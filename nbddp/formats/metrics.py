@@ -11,13 +11,13 @@ the non-padding input tokens of the training forward passes since the previous s
 `peak_mem_gib`, rank 0's peak memory (CUDA memory reserved by PyTorch on a GPU, resident memory on a CPU);
 `time_s`, seconds since training started. Event records: `eval` per evaluation, `end` when training ends (the rest
 of the line is Trainer's final metrics: `train_runtime`, `train_loss`, ...) and `batch_plan` when training starts
-(nbddp.runtime.batch_plan's `as_record()` and `text`, its `describe()`: the layout the processes train with, and the
-notebook's).
+(nbddp.runtime.memory.batch_plan's `as_record()` and `text`, its `describe()`: the layout the processes train with,
+and the notebook's).
 
-nbddp.runtime.metrics.MetricsCallback writes it (`start`, `append`); `run`, `regress`, the smoke's layout check, the
-failure report and bench read it (`read`, `steps`, `events`, `last_step`). Each `trainer.train()` starts the file
-afresh, except one that resumes from a checkpoint at step S: it keeps the lines up to step S and appends, so a run
-killed and resumed reads as one run. A rank 0 killed while writing leaves a torn last line.
+nbddp.runtime.reporting.metrics.MetricsCallback writes it (`start`, `append`); `run`, `regress`, the smoke's layout
+check, the failure report and bench read it (`read`, `steps`, `events`, `last_step`). Each `trainer.train()` starts
+the file afresh, except one that resumes from a checkpoint at step S: it keeps the lines up to step S and appends,
+so a run killed and resumed reads as one run. A rank 0 killed while writing leaves a torn last line.
 
 Standard library only (and nbddp.errors): the runtime writes the file, the orchestration and bench read it.
 """

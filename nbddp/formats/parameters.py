@@ -11,8 +11,8 @@ generated script's cell export writes a `# <notebook file name>` line above each
 
 `read_cell` reads one into `Parameter`s: export the notebooks' cells, orchestration the script's defaults, the
 runtime the script's comments and notebooks for `--help`. `typed` is the one rule that turns a flag's text into a
-value of its default's type: the script's `--name VALUE` (nbddp.runtime.flags) and orchestration's `-p NAME VALUE`
-both use it, so they take and refuse the same texts.
+value of its default's type: the script's `--name VALUE` (nbddp.runtime.inputs.flags) and orchestration's
+`-p NAME VALUE` both use it, so they take and refuse the same texts.
 
 Standard library only, so every room reads the same cell.
 """

@@ -1,7 +1,7 @@
 """The source map `<script>.sourcemap.json`: where each line of a generated script came from, and the hashes that
 say whether the script is still what export wrote. Export writes it beside the script (`sourcemap_text`); the
-script's excepthook (nbddp.runtime.tracebacks) and the orchestration's failure reports and freshness check read it
-(`SourceMap`).
+script's excepthook (nbddp.runtime.reporting.tracebacks) and the orchestration's failure reports and freshness check
+read it (`SourceMap`).
 
     {"script": "train.py",
      "script_sha256": "<sha256 of train.py's text>",

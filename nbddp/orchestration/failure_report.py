@@ -32,7 +32,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nbddp.checkpoint_markers import latest_complete
+from nbddp.formats.checkpoint_markers import latest_complete
 from nbddp.errors import NotebookError
 from nbddp.formats import metrics
 from nbddp.orchestration import notebook_run, parameters

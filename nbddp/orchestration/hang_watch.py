@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.runtime import heartbeat
+from nbddp.runtime.reporting import heartbeat
 
 VARIABLE = "NBDDP_HANG_S"
 HANG_S = 300  # well above any pause of a live rank's heartbeat thread, far below the 1800 s collective timeout

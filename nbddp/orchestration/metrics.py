@@ -5,7 +5,7 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from nbddp import checkpoint_markers
+from nbddp.formats import checkpoint_markers
 from nbddp.formats import metrics
 
 

@@ -26,7 +26,8 @@ from nbddp.orchestration import parameters as orchestration_parameters
 PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}
 DEAD_KERNEL_STATUS = 138  # papermill's exit status when the kernel died
 PAPERMILL_LOG = "papermill.stderr.log"
-PROGRESS_LOG = "progress.log"  # the kernel's training progress lines (nbddp.runtime.progress), echoed as they come
+# The kernel's training progress lines (nbddp.runtime.reporting.progress), echoed as they come.
+PROGRESS_LOG = "progress.log"
 # What the runtime raises for bad input (require_fields, require_model, output_dir): in a cell, still bad input.
 BAD_INPUT_ERRORS = frozenset(name for name, value in vars(errors).items()
                              if isinstance(value, type) and issubclass(value, errors.NbddpError))

@@ -1,6 +1,6 @@
 """Run papermill with its stderr shown as it comes (the progress bar), up to its own traceback, and kept whole
 in a log file; and, on the same console, each line the kernel appends to a progress file (its training progress,
-`nbddp.runtime.progress`) as it comes.
+`nbddp.runtime.reporting.progress`) as it comes.
 
 When a cell fails, papermill ends with a traceback of its own command line (click's frames), then
 `PapermillExecutionError` and every frame of the cell's exception, often a hundred lines of library

@@ -18,9 +18,11 @@ import yaml
 
 from nbddp.errors import NbddpError, NotebookError, UsageError
 from nbddp.formats.parameters import ParametersCellError, read_cell, typed
-from nbddp.script_parameters import BATCH_LAYOUT, NBDDP_PARAMETERS, WORKDIR  # nbddp's own, in every script
+from nbddp.formats.script_parameters import BATCH_LAYOUT, NBDDP_PARAMETERS, WORKDIR  # nbddp's own, in every script
 from nbddp.orchestration import environment
-from nbddp.runtime import batch_plan, training_overrides, working_directory
+from nbddp.runtime import working_directory
+from nbddp.runtime.inputs import training_overrides
+from nbddp.runtime.memory import batch_plan
 
 PARAMETERS_TAG = "parameters"
 CHECK_TIMEOUT_S = 300  # the --set check's child: importing transformers and trl, seconds

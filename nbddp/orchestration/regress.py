@@ -16,7 +16,7 @@ from nbddp.orchestration import compare, devices, files, launch, notebook_run, p
 from nbddp.orchestration.metrics import read_metrics
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
 from nbddp.orchestration.suite import load_suite
-from nbddp.runtime import training_overrides
+from nbddp.runtime.inputs import training_overrides
 
 TRAIN_PARITY = "parity max abs loss diff"
 EVAL_PARITY = "parity max abs eval_loss diff"
@@ -135,7 +135,7 @@ def _read_case_metrics(case_dir):
 
 def _run_parity(suite, case, params, case_dir, extra_env=None):
     """1 process vs N processes with the same parameters: the script keeps the notebook's global batch on N
-    processes (`--batch_layout notebook`, nbddp.runtime.batch_plan), so the same training losses, and the same
+    processes (`--batch_layout notebook`, nbddp.runtime.memory.batch_plan), so the same training losses, and the same
     held-out losses wherever the runs evaluated (the N processes split the held-out rows between them)."""
     single_label, multi_label = "1 process", f"{case.nproc} processes"
     single, _ = _run_torchrun(suite.script, params, 1, case_dir / "single", extra_env)

@@ -3,21 +3,56 @@
     from nbddp import runtime
     ddp = runtime.setup(globals())
 
-`setup` turns the parameters into command-line flags (`flags`), joins torchrun's process group, picks
-the backend, gives every Trainer completion markers for its checkpoints (`checkpoint_callback`) and returns
-`ddp` (a `context.DistributedContext`), which knows whether this run resumes. torch is imported only after the
-flags are read, so `train.py --help` answers at once; transformers, trl and peft only after Unsloth, or (hf backend)
-when `setup` patches TRL (see `backends`).
+`setup` turns the parameters into command-line flags (`inputs.flags`), joins torchrun's process group, picks
+the backend, gives every Trainer completion markers for its checkpoints (`trainer.training_checkpoints`) and returns
+`ddp` (a `context.DistributedContext`, the one object generated code calls), which knows whether this run resumes.
+torch is imported only after the flags are read, so `train.py --help` answers at once; transformers, trl and peft
+only after Unsloth, or (hf backend) when `setup` patches TRL (see `backends`).
+
+The rooms: `context` (the `ddp.` facade) and what it uses directly (`once_per_machine`, `started_processes`,
+`working_directory`, `smoke_sandbox`); `patches` (every change to other libraries, with why); `backends` (real
+Unsloth or the Transformers+PEFT fallback); `trainer` (what every Trainer gets under DDP); `memory` (batch layout,
+memory estimate, gradient checkpointing); `inputs` (flags, `--set`, data, model names, output folders); `reporting`
+(metrics, progress, heartbeats, tracebacks).
 """
 import builtins
+import importlib
+import importlib.abc
+import importlib.util
 import sys
 
 from nbddp import log
 from nbddp.errors import NbddpError
-from nbddp.runtime.flags import apply_flags, defined_in, running_in_kernel
-from nbddp.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, WORKDIR
+from nbddp.runtime.inputs.flags import apply_flags, defined_in, running_in_kernel
+from nbddp.formats.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, WORKDIR
 
 __all__ = ["setup"]
+
+# The runtime's modules that notebooks import, at the paths they had before the runtime was grouped into rooms:
+# notebooks made by `nbddp new` until then import them there.
+MOVED = {
+    "nbddp.runtime.data": "nbddp.runtime.inputs.data",
+    "nbddp.runtime.models": "nbddp.runtime.inputs.models",
+    "nbddp.runtime.tiny_model": "nbddp.runtime.backends.tiny_model",
+    "nbddp.runtime.checkpointing": "nbddp.runtime.memory.gradient_checkpointing",
+    "nbddp.runtime.metrics": "nbddp.runtime.reporting.metrics",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a MOVED old path as the module at its new one (the same module object)."""
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+
+    def create_module(self, spec):
+        return importlib.import_module(MOVED[spec.name])
+
+    def exec_module(self, module):
+        pass
+
+
+sys.meta_path.append(_MovedModules())
 
 
 def setup(namespace: dict | None = None, *, backend: str = "auto", script: str | None = None, resume: bool = False,
@@ -38,8 +73,9 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         apply_flags(namespace, defined_in(script))
         backend, resume, batch_layout, workdir = (namespace.get(name, default) for name, default in (
             (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (WORKDIR, workdir)))
-    from nbddp.runtime import (backends, heartbeat, patches, script_display, tracebacks, training_overrides,
-                               working_directory)
+    from nbddp.runtime import backends, patches, working_directory
+    from nbddp.runtime.inputs import training_overrides
+    from nbddp.runtime.reporting import heartbeat, script_display, tracebacks
     from nbddp.runtime.context import init_distributed
 
     script_mode = not running_in_kernel()
@@ -59,9 +95,10 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
-    from nbddp.runtime import checkpoint_callback, smoke_sandbox  # imports transformers: once the backend is active
+    from nbddp.runtime import smoke_sandbox  # imports transformers: once the backend is active
+    from nbddp.runtime.trainer import training_checkpoints
 
-    checkpoint_callback.register()
+    training_checkpoints.register()
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         log.info(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}")

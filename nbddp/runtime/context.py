@@ -22,8 +22,9 @@ import torch.distributed as dist
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.runtime import batch_plan, patches, smoke_sandbox, started_processes
-from nbddp.runtime.flags import process_group_timeout, running_in_kernel
+from nbddp.runtime import patches, smoke_sandbox, started_processes
+from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.inputs.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
 # transformers' bitsandbytes optimizers (transformers.trainer_optimizer._BITSANDBYTES_OPTIMIZERS): they need
@@ -86,7 +87,8 @@ class DistributedContext:
 
     def show(self, value):
         """What Jupyter does with a cell's last value, once: display it on the main process unless it is None.
-        `display` is IPython's in a kernel, nbddp's printing one in a script (see nbddp.runtime.script_display)."""
+        `display` is IPython's in a kernel, nbddp's printing one in a script (see
+        nbddp.runtime.reporting.script_display)."""
         if value is not None and self.is_main_process:
             builtins.display(value)
 
@@ -172,7 +174,7 @@ class DistributedContext:
 
         @functools.wraps(config_class)
         def build(*args, **kwargs):
-            from nbddp.runtime import training_overrides
+            from nbddp.runtime.inputs import training_overrides
 
             kwargs, notes = training_overrides.apply(config_class, kwargs, training_overrides.from_environment())
             kwargs = smoke_sandbox.training_kwargs(config_class.__name__, kwargs)  # a smoke run pushes nothing
@@ -219,7 +221,8 @@ class DistributedContext:
     def metrics_callback(self):
         """nbddp's MetricsCallback writing to the trainer's `<output_dir>/metrics.jsonl`, for a trainer a notebook
         built without callbacks (the rewrite record-metrics adds it): what `pipeline.py run` and `regress` read."""
-        from nbddp.runtime.metrics import MetricsCallback  # imports transformers: only once a trainer is built
+        # imports transformers: only once a trainer is built
+        from nbddp.runtime.reporting.metrics import MetricsCallback
 
         return MetricsCallback()
 
@@ -245,16 +248,16 @@ class DistributedContext:
 
     def checkpoint_to_resume(self, trainer):
         """For `trainer.train(resume_from_checkpoint=...)`: the newest complete checkpoint of the trainer (in its
-        output_dir, or in its own folder there: see `checkpoint_callback.checkpoint_folder`) when this run resumes
+        output_dir, or in its own folder there: see `training_checkpoints.checkpoint_folder`) when this run resumes
         (`--resume`, or torchrun restarted the workers), else None. Rank 0 chooses, every rank gets its choice;
-        a checkpoint of another global batch is refused (`checkpoint_callback.resume_point`).
+        a checkpoint of another global batch is refused (`training_checkpoints.resume_point`).
         """
         if not self.resume:
             return None
-        from nbddp.runtime import checkpoint_callback  # imports transformers: only once a trainer is built
+        from nbddp.runtime.trainer import training_checkpoints  # imports transformers: only once a trainer is built
 
         why = f"torchrun restart {self.restart_count}" if self.restart_count else "--resume"
-        return checkpoint_callback.resume_point(trainer, why, self.world_size)
+        return training_checkpoints.resume_point(trainer, why, self.world_size)
 
     def shutdown(self):
         """Wait for every rank, remove the machine's once-per-machine folder (local rank 0), then leave the process

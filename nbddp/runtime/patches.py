@@ -35,21 +35,22 @@ PATCHES = {
     "clone-model-loss": Patch(
         "transformers.Trainer.compute_loss", "transformers", "unsloth backend",
         "unslothai/unsloth#3452: Trainer scales the loss in place on N processes, which autograd refuses for the "
-        "view Unsloth's fused cross-entropy returns (trainer_patches)"),
+        "view Unsloth's fused cross-entropy returns (trainer.trainer_patches)"),
     "trl-unsloth-arguments": Patch(
         "__init__ of TRL's SFT, GRPO, DPO and ORPO trainers", "trl", "hf backend",
         "TRL 0.13 moved dataset_text_field=, max_seq_length=, beta=, tokenizer= into the configs; importing Unsloth "
-        "moves them back (unsloth/trainer.py), the fallback does the same (trl_compat)"),
+        "moves them back (unsloth/trainer.py), the fallback does the same (backends.trl_compat)"),
     "trl-config-old-keywords": Patch(
         "__init__ of those trainers' configs", "trl", "hf backend",
         "Transformers 5 and TRL 1.x renamed keywords the notebooks pass (warmup_ratio=); Unsloth forwards them "
-        "(config_keywords)"),
+        "(backends.config_keywords)"),
     "sft-max-seq-length": Patch(
         "trl.SFTConfig.__init__", "trl", "hf backend",
-        "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (trl_compat)"),
+        "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (backends.trl_compat)"),
     "trl-moved-names": Patch(
         "trl.__getattr__", "trl", "hf backend",
-        "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where (trl_compat)"),
+        "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "
+        "(backends.trl_compat)"),
     "unsloth-fallback-module": Patch(
         'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"]', "python", "hf backend",
         "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
@@ -57,35 +58,35 @@ PATCHES = {
     "gradient-checkpointing-choice": Patch(
         "transformers.Trainer.__init__", "transformers", "every run",
         "the trainer honours the gradient checkpointing nbddp chose for the model, and checks its first step's "
-        "memory (checkpointing)"),
+        "memory (memory.gradient_checkpointing)"),
     "unused-tower-adapters": Patch(
         "transformers.Trainer.__init__", "transformers", "every run",
         "a multimodal model's tower adapters get no gradient, which stops DDP; static graphs fail under no_sync() "
-        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters (unused_parameters)"),
+        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters (trainer.unused_parameters)"),
     "batch-layout-at-train": Patch(
         "transformers.Trainer.train", "transformers", "every run",
-        "--batch_layout auto lays out the batch once the trainer knows its model and data (fuller_batch)"),
+        "--batch_layout auto lays out the batch once the trainer knows its model and data (memory.fuller_batch)"),
     "one-process-eval-loss": Patch(
         "transformers.Trainer.evaluation_loop", "transformers", "every run",
-        "the held-out loss of N processes is the loss of 1, whatever the padding (eval_loss)"),
+        "the held-out loss of N processes is the loss of 1, whatever the padding (trainer.eval_loss)"),
     "progress-and-metrics-callbacks": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS, CallbackHandler.add_callback", "transformers", "every run",
         "every Trainer shows rank 0's progress, and nbddp's metrics reach the reporting callbacks, which "
-        "Transformers calls first (progress, trainer_patches)"),
+        "Transformers calls first (reporting.progress, trainer.trainer_patches)"),
     "checkpoint-markers": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS, Trainer._get_output_dir, .train, ._save_checkpoint",
         "transformers", "every run",
-        "a checkpoint is resumed from only once every rank finished writing it (checkpoint_callback)"),
+        "a checkpoint is resumed from only once every rank finished writing it (trainer.training_checkpoints)"),
     "smoke-sandbox": Patch(
         "save_pretrained, push_to_hub, from_pretrained, torch.save/load, savefig, save_to_disk/load_from_disk",
         "transformers", "smoke runs",
         "the smoke run writes into its own folder and pushes nothing (smoke_sandbox)"),
     "notebook-display": Patch(
         "builtins.display", "python", "a script",
-        "cells call IPython's builtin display() bare, which a script lacks (script_display)"),
+        "cells call IPython's builtin display() bare, which a script lacks (reporting.script_display)"),
     "cell-tracebacks": Patch(
         "sys.excepthook", "python", "a script",
-        "a traceback also names the notebook cell its line came from (tracebacks)"),
+        "a traceback also names the notebook cell its line came from (reporting.tracebacks)"),
     "accelerate-use-cpu": Patch(
         "os.environ['ACCELERATE_USE_CPU']", "accelerate", "CPU runs",
         "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone (context)"),

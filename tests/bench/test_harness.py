@@ -87,7 +87,7 @@ def test_flags_cover_the_common_settings_and_drop_backend_for_the_reference():
 def test_flags_are_parameters_of_the_generated_script():
     from pathlib import Path
 
-    from nbddp.runtime.flags import defined_in
+    from nbddp.runtime.inputs.flags import defined_in
 
     names = set(defined_in(str(Path(__file__).resolve().parents[2] / "generated" / "train.py")))
     for experiment in plan.EXPERIMENTS.values():

@@ -7,7 +7,7 @@ import pytest
 from nbddp.errors import NotebookError, UsageError
 from nbddp.formats.parameters import Parameter, ParametersCellError, read_cell
 from nbddp.orchestration import parameters as orchestration_parameters
-from nbddp.runtime import flags
+from nbddp.runtime.inputs import flags
 
 
 def test_a_cell_reads_into_names_defaults_comments_and_notebooks_in_order():

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from nbddp import checkpoint_markers
+from nbddp.formats import checkpoint_markers
 from nbddp.orchestration import failure_report
 from nbddp.orchestration.failure_report import RankFailure, describe, find_output_dir, parse_summary
 

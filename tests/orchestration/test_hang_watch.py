@@ -11,14 +11,14 @@ import pytest
 
 from nbddp.errors import UsageError
 from nbddp.orchestration import hang_watch, launch
-from nbddp.runtime import heartbeat
+from nbddp.runtime.reporting import heartbeat
 
 REPO = Path(__file__).resolve().parents[2]
 
 # A worker: beats (every 0.2 s), then stops itself or keeps running.
 WORKER = r'''
 import os, signal, sys, time
-from nbddp.runtime import heartbeat
+from nbddp.runtime.reporting import heartbeat
 heartbeat.BEAT_S = 0.2
 heartbeat.start(int(sys.argv[1]))
 print("beating", flush=True)

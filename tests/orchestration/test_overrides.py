@@ -18,7 +18,7 @@ from nbddp.orchestration.regress import regress
 from nbddp.orchestration.run import run
 from nbddp.orchestration.smoke import smoke
 from nbddp.orchestration.suite import load_suite
-from nbddp.runtime.training_overrides import ENV
+from nbddp.runtime.inputs.training_overrides import ENV
 
 # Shaped like a script exported by an nbddp that has the batch_layout parameter; it records what it was given.
 SCRIPT = textwrap.dedent("""\

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nbddp import checkpoint_markers
+from nbddp.formats import checkpoint_markers
 from nbddp.export import export
 from nbddp.formats.metrics import last_step
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 import nbddp.export
-from nbddp import checkpoint_markers
+from nbddp.formats import checkpoint_markers
 from nbddp.errors import NbddpError
 from nbddp.orchestration import launch, run as run_module
 from nbddp.orchestration.launch import LaunchOptions

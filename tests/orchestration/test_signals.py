@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from nbddp import checkpoint_markers
+from nbddp.formats import checkpoint_markers
 from nbddp.orchestration import stopping
 
 from .conftest import REPO

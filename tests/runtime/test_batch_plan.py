@@ -3,8 +3,8 @@ import pytest
 from nbddp.errors import UsageError
 from types import SimpleNamespace
 
-from nbddp.runtime import batch_plan
-from nbddp.runtime.batch_plan import generation_batch_problem, one_gpu_grpo_micro_batch, parse_layout, plan
+from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.memory.batch_plan import generation_batch_problem, one_gpu_grpo_micro_batch, parse_layout, plan
 
 
 def layout(p):

@@ -2,8 +2,8 @@ from types import SimpleNamespace
 
 from transformers import TrainerControl, TrainerState
 
-from nbddp import checkpoint_markers
-from nbddp.runtime.checkpoint_callback import CompleteCheckpointsCallback, register
+from nbddp.formats import checkpoint_markers
+from nbddp.runtime.trainer.training_checkpoints import CompleteCheckpointsCallback, register
 
 
 def save(callback, args, step, is_world_process_zero=True):

@@ -1,7 +1,7 @@
 """Checkpoints never mix runs or trainers: a real Trainer (the tiny Llama, on the CPU) with the wrapped methods of
-nbddp.runtime.checkpoint_callback. A save cut short is an exception raised after its first file (the model), the
-deterministic stand-in for a kill -9 between two files; "a new process" forgets which trainers took which folder,
-as a new run of the script starts."""
+nbddp.runtime.trainer.training_checkpoints. A save cut short is an exception raised after its first file (the
+model), the deterministic stand-in for a kill -9 between two files; "a new process" forgets which trainers took
+which folder, as a new run of the script starts."""
 import hashlib
 import os
 import shutil
@@ -13,9 +13,9 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from nbddp import checkpoint_markers
-from nbddp.checkpoint_markers import MARKER
-from nbddp.runtime import checkpoint_callback
+from nbddp.formats import checkpoint_markers
+from nbddp.formats.checkpoint_markers import MARKER
+from nbddp.runtime.trainer import training_checkpoints
 from nbddp.runtime.context import DistributedContext
 
 
@@ -27,12 +27,12 @@ def markers(monkeypatch):
     monkeypatch.setattr(trainer, "DEFAULT_CALLBACKS", list(trainer.DEFAULT_CALLBACKS))
     for name in ("train", "_save_checkpoint", "_get_output_dir", "_save_optimizer_and_scheduler", "save_model"):
         monkeypatch.setattr(Trainer, name, vars(Trainer)[name])
-    monkeypatch.setattr(checkpoint_callback, "_trainers_per_output_dir", {})
-    checkpoint_callback.register()
+    monkeypatch.setattr(training_checkpoints, "_trainers_per_output_dir", {})
+    training_checkpoints.register()
 
 
 def new_process():
-    checkpoint_callback._trainers_per_output_dir.clear()
+    training_checkpoints._trainers_per_output_dir.clear()
 
 
 def tiny_trainer(model_path, output_dir, max_steps=2, learning_rate=1e-3):
@@ -161,12 +161,12 @@ GLOO_WORKER = textwrap.dedent(
     import os, sys
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
-    from nbddp.runtime import checkpoint_callback
+    from nbddp.runtime.trainer import training_checkpoints
     from nbddp.runtime.context import init_distributed
 
     model_path, outputs, phase = sys.argv[1:4]
     ddp = init_distributed()
-    checkpoint_callback.register()
+    training_checkpoints.register()
 
     def train(max_steps, learning_rate):
         torch.manual_seed(0)

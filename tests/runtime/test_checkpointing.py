@@ -9,15 +9,16 @@ import torch
 
 from nbddp.runtime import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import checkpointing, hf_backend
-from nbddp.runtime.checkpointing import (
+from nbddp.runtime.backends import hf_backend
+from nbddp.runtime.memory import gradient_checkpointing
+from nbddp.runtime.memory.gradient_checkpointing import (
     CheckpointingChoice,
     choose_gradient_checkpointing,
     decide,
     parse_mode,
     peft_mode,
 )
-from nbddp.runtime.memory_estimate import MODES, estimate_peak, shape_from_config
+from nbddp.runtime.memory.memory_estimate import MODES, estimate_peak, shape_from_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 LLAMA_8B = json.loads((CONFIGS / "llama3-8b" / "config.json").read_text())
@@ -138,7 +139,7 @@ def test_auto_on_a_gpu_under_unsloth(fake_gpu, capsys, free_gib, value):
     assert choose_gradient_checkpointing("auto", model, 2048, 2, lora_r=16) == value
     out = capsys.readouterr().out
     assert "estimated peak per GPU for batch 2 x 2048 tokens: off 32.0, true 18.7, unsloth 17.7 GiB" in out
-    assert f"({checkpointing.HEADROOM:.0%} of {free_gib:.1f} GiB free)" in out
+    assert f"({gradient_checkpointing.HEADROOM:.0%} of {free_gib:.1f} GiB free)" in out
 
 
 def test_auto_under_unsloth_below_512_tokens_never_offloads(fake_gpu):
@@ -188,8 +189,8 @@ def patched_trainer(monkeypatch):
     from transformers import Trainer
 
     monkeypatch.setattr(Trainer, "__init__", Trainer.__init__)  # restored after the test
-    checkpointing.patch_trainer(Trainer)
-    checkpointing.patch_trainer(Trainer)  # twice is once
+    gradient_checkpointing.patch_trainer(Trainer)
+    gradient_checkpointing.patch_trainer(Trainer)  # twice is once
     return Trainer
 
 

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from nbddp.runtime.checkpointing import CheckpointingChoice
-from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck, first_step_report, larger_micro_batch_tip
-from nbddp.runtime.memory_estimate import GIB, estimate_peak, shape_from_config
+from nbddp.runtime.memory.gradient_checkpointing import CheckpointingChoice
+from nbddp.runtime.memory.gradient_checkpointing_check import (FirstStepMemoryCheck, first_step_report,
+                                                               larger_micro_batch_tip)
+from nbddp.runtime.memory.memory_estimate import GIB, estimate_peak, shape_from_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 SHAPE = shape_from_config(json.loads((CONFIGS / "llama3-8b" / "config.json").read_text()), False, 16)

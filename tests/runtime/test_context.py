@@ -362,7 +362,7 @@ def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
 
 def resumable_output(tmp_path):
     """An output_dir as a killed run leaves it: checkpoint-4 complete, checkpoint-8 half-written."""
-    from nbddp import checkpoint_markers
+    from nbddp.formats import checkpoint_markers
 
     for step in (4, 8):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -407,8 +407,8 @@ def test_a_checkpoint_from_another_world_size_is_resumed_with_a_warning(tmp_path
 
 
 def laid_out_output(tmp_path, global_batch):
-    from nbddp import checkpoint_markers
-    from nbddp.runtime.batch_plan import plan
+    from nbddp.formats import checkpoint_markers
+    from nbddp.runtime.memory.batch_plan import plan
 
     (tmp_path / "checkpoint-4").mkdir()
     checkpoint_markers.mark_complete(tmp_path / "checkpoint-4", 4, world_size=1, global_batch=global_batch)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from nbddp.errors import DataError, NbddpError
-from nbddp.runtime.data import require_fields, require_file
+from nbddp.runtime.inputs.data import require_fields, require_file
 
 FIELDS = ["instruction", "input", "output"]
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbddp.runtime.eval_loss import patch_evaluation_loop
+from nbddp.runtime.trainer.eval_loss import patch_evaluation_loop
 
 
 class RecordingTrainer:

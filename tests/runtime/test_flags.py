@@ -4,8 +4,8 @@ import sys
 
 import pytest
 
-from nbddp.runtime import flags, training_overrides
-from nbddp.runtime.flags import apply_flags
+from nbddp.runtime.inputs import flags, training_overrides
+from nbddp.runtime.inputs.flags import apply_flags
 
 
 def parameters():

@@ -2,9 +2,10 @@
 import pytest
 import torch
 
-from nbddp.runtime import fuller_batch, hf_backend
+from nbddp.runtime.backends import hf_backend
+from nbddp.runtime.memory import fuller_batch
 from nbddp.runtime.context import DistributedContext
-from nbddp.runtime.fuller_batch import SATURATED_TOKENS, Candidate, choose
+from nbddp.runtime.memory.fuller_batch import SATURATED_TOKENS, Candidate, choose
 
 
 def test_the_fullest_micro_batch_that_fits_then_the_cheapest_checkpointing():

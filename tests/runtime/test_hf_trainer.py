@@ -1,11 +1,13 @@
-"""`unsloth.trainer`'s UnslothTrainer and UnslothTrainingArguments on the hf backend (nbddp/runtime/hf_trainer.py)."""
+"""`unsloth.trainer`'s UnslothTrainer and UnslothTrainingArguments on the hf backend
+(nbddp/runtime/backends/hf_trainer.py)."""
 import sys
 
 import pytest
 from datasets import Dataset
 
-from nbddp.runtime import backends, hf_trainer
-from nbddp.runtime.hf_backend import FastLanguageModel
+from nbddp.runtime import backends
+from nbddp.runtime.backends import hf_trainer
+from nbddp.runtime.backends.hf_backend import FastLanguageModel
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nbddp.runtime.memory_estimate import MODES, cheapest_fitting, estimate_peak, shape_from_config, shape_from_model
+from nbddp.runtime.memory.memory_estimate import (MODES, cheapest_fitting, estimate_peak, shape_from_config,
+                                                  shape_from_model)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 

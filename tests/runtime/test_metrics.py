@@ -5,7 +5,7 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState
 
-from nbddp.runtime.metrics import MetricsCallback
+from nbddp.runtime.reporting.metrics import MetricsCallback
 
 
 def state(is_world_process_zero, step=0, tokens=0):
@@ -85,7 +85,7 @@ def test_a_run_resumed_at_a_checkpoint_keeps_the_lines_up_to_its_step(tmp_path):
 
 def test_tokens_per_second_over_each_interval(tmp_path, monkeypatch):
     clock = iter([100.0, 102.0, 106.0])
-    monkeypatch.setattr("nbddp.runtime.metrics.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("nbddp.runtime.reporting.metrics.time.perf_counter", lambda: next(clock))
     path = tmp_path / "metrics.jsonl"
     callback, args, control, model = MetricsCallback(path), cpu_args(), TrainerControl(), Counted()
     callback.on_train_begin(args, state(True), control, model=model)
@@ -120,7 +120,7 @@ def test_only_non_padding_tokens_of_training_passes_count(tmp_path):
 def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
-    from nbddp.runtime.tiny_model import ensure_weights
+    from nbddp.runtime.backends.tiny_model import ensure_weights
 
     path = ensure_weights(str(tiny_llama_dir))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -5,8 +5,8 @@ from huggingface_hub import constants
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from nbddp.errors import UsageError
-from nbddp.runtime import hf_backend
-from nbddp.runtime.models import require_model
+from nbddp.runtime.backends import hf_backend
+from nbddp.runtime.inputs.models import require_model
 
 
 @pytest.fixture

@@ -6,9 +6,9 @@ import tempfile
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.runtime import flags
-from nbddp.runtime.flags import apply_flags
-from nbddp.runtime.preflight import check_output_dir
+from nbddp.runtime.inputs import flags
+from nbddp.runtime.inputs.flags import apply_flags
+from nbddp.runtime.inputs.preflight import check_output_dir
 
 
 def snapshot(directory):

@@ -11,9 +11,10 @@ from transformers.integrations import TensorBoardCallback
 from transformers.trainer_callback import CallbackHandler, PrinterCallback, ProgressCallback
 
 from nbddp import log
-from nbddp.runtime import progress, trainer_patches
-from nbddp.runtime.metrics import MetricsCallback
-from nbddp.runtime.progress import TrainingProgress
+from nbddp.runtime.reporting import progress
+from nbddp.runtime.trainer import trainer_patches
+from nbddp.runtime.reporting.metrics import MetricsCallback
+from nbddp.runtime.reporting.progress import TrainingProgress
 
 
 @pytest.fixture

@@ -10,7 +10,8 @@ import torch
 
 from nbddp import runtime
 from nbddp.errors import UsageError
-from nbddp.runtime import flags, patches
+from nbddp.runtime import patches
+from nbddp.runtime.inputs import flags
 from nbddp.runtime.context import DistributedContext
 
 
@@ -115,3 +116,15 @@ def test_the_runtimes_info_lines_follow_nbddps_log_level(level, shown):
                             env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "NBDDP_LOG_LEVEL": level})
     assert result.returncode == 0, result.stderr
     assert ("nbddp: backend=hf" in result.stdout) is shown
+
+
+def test_the_paths_notebooks_imported_before_the_rooms_still_import_the_same_modules():
+    # Notebooks made by `nbddp new` earlier import e.g. `from nbddp.runtime.models import require_model`.
+    import importlib
+
+    for old, new in runtime.MOVED.items():
+        assert importlib.import_module(old) is importlib.import_module(new)
+    from nbddp.runtime.checkpointing import choose_gradient_checkpointing
+    from nbddp.runtime.memory.gradient_checkpointing import choose_gradient_checkpointing as moved
+
+    assert choose_gradient_checkpointing is moved

@@ -4,7 +4,7 @@ import subprocess
 import sys
 import textwrap
 
-from nbddp.runtime import tracebacks
+from nbddp.runtime.reporting import tracebacks
 
 # A generated-looking script: nbddp's setup cell, then a notebook cell whose second line raises.
 SCRIPT = textwrap.dedent(
@@ -179,7 +179,7 @@ def test_an_uncaught_error_in_a_gloo_run_skips_finalization_with_status_1(tmp_pa
     script.write_text(FINALIZATION_WITNESS + textwrap.dedent(
         f"""\
         import torch.distributed as dist
-        from nbddp.runtime import tracebacks
+        from nbddp.runtime.reporting import tracebacks
         if sys.argv[1] == "gloo":
             dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
         tracebacks.install(__file__)

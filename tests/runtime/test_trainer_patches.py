@@ -8,7 +8,7 @@ import torch
 from transformers import Trainer
 from transformers.modeling_outputs import CausalLMOutput
 
-from nbddp.runtime.trainer_patches import patch_compute_loss
+from nbddp.runtime.trainer.trainer_patches import patch_compute_loss
 
 
 class ViewLoss(torch.autograd.Function):

@@ -9,8 +9,8 @@ from transformers.trainer_utils import IntervalStrategy, SchedulerType
 from trl import DPOConfig, KTOConfig, SFTConfig
 
 from nbddp.errors import UsageError
-from nbddp.runtime import training_overrides
-from nbddp.runtime.training_overrides import ENV, Override, apply, check, from_environment
+from nbddp.runtime.inputs import training_overrides
+from nbddp.runtime.inputs.training_overrides import ENV, Override, apply, check, from_environment
 
 
 def overrides(*lines):

@@ -1,4 +1,5 @@
-"""Unsloth-era `SFTTrainer(...)`, `DPOTrainer(...)`, ... arguments on the hf backend (nbddp/runtime/trl_compat.py)."""
+"""Unsloth-era `SFTTrainer(...)`, `DPOTrainer(...)`, ... arguments on the hf backend
+(nbddp/runtime/backends/trl_compat.py)."""
 import sys
 
 import pytest
@@ -8,9 +9,10 @@ from trl import DPOConfig, GRPOConfig, SFTConfig, SFTTrainer
 
 from nbddp.runtime import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import backends, training_overrides
+from nbddp.runtime import backends
+from nbddp.runtime.inputs import training_overrides
 from nbddp.runtime.context import DistributedContext
-from nbddp.runtime.trl_compat import config_from, patch_sft_config, patch_trainer
+from nbddp.runtime.backends.trl_compat import config_from, patch_sft_config, patch_trainer
 
 
 class RecordingTrainer:
@@ -287,7 +289,7 @@ def test_a_text_column_named_by_dataset_text_field_wins_over_the_chats_beside_it
 
     from datasets import Dataset
 
-    from nbddp.runtime.trl_compat import text_over_chats
+    from nbddp.runtime.backends.trl_compat import text_over_chats
 
     turns = [{"from": "human", "value": "hi?"}, {"from": "gpt", "value": "hello."}]
     dataset = Dataset.from_list([{"conversations": turns, "text": "### hi? ### hello."}])

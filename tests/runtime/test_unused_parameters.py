@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.runtime.tiny_model import ensure_weights
-from nbddp.runtime.unused_parameters import trainable_outside_language_model
+from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.runtime.trainer.unused_parameters import trainable_outside_language_model
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_Q_PROJ = ["q_proj", "v_proj"]  # in the CLIP tower and the Llama text model alike
@@ -61,7 +61,7 @@ def tiny_vision():
 
 
 def lora_model(path, **flags):
-    from nbddp.runtime.hf_backend import FastVisionModel
+    from nbddp.runtime.backends.hf_backend import FastVisionModel
 
     model, _ = FastVisionModel.from_pretrained(path, load_in_4bit=False)
     return FastVisionModel.get_peft_model(model, r=4, lora_alpha=4, use_gradient_checkpointing=False, **flags)
@@ -73,7 +73,7 @@ def test_tower_adapters_lie_outside_the_language_model(tiny_vision):
 
 
 def test_language_only_adapters_and_text_models_have_none(tiny_vision):
-    from nbddp.runtime.hf_backend import FastLanguageModel
+    from nbddp.runtime.backends.hf_backend import FastLanguageModel
 
     assert trainable_outside_language_model(lora_model(tiny_vision, finetune_vision_layers=False)) == []
     model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(REPO / "models" / "tiny-llama")),
@@ -117,7 +117,7 @@ def test_static_graph_without_gradient_accumulation_else_the_search(accumulation
 
     from accelerate.utils import DistributedDataParallelKwargs
 
-    from nbddp.runtime.unused_parameters import wrap_for_unused_parameters
+    from nbddp.runtime.trainer.unused_parameters import wrap_for_unused_parameters
 
     accelerator = SimpleNamespace(ddp_handler=DistributedDataParallelKwargs(), is_main_process=True,
                                   prepare_model=lambda model: model)

@@ -1,4 +1,5 @@
-"""tools/extract_chat_templates.py: the committed nbddp/runtime/unsloth_chat_templates.json is what Unsloth gives."""
+"""tools/extract_chat_templates.py: the committed nbddp/runtime/backends/unsloth_chat_templates.json is what Unsloth
+gives."""
 import json
 import subprocess
 

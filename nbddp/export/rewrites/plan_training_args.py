@@ -1,7 +1,7 @@
 """Build training arguments through the runtime: `SFTConfig(...)` becomes `ddp.training_args(SFTConfig)(...)`.
 
 The runtime then applies the run's `--set NAME=VALUE` overrides to the keywords and lays out the batch for
-the number of processes (`nbddp.runtime.batch_plan`): by default the notebook's global batch,
+the number of processes (`nbddp.runtime.memory.batch_plan`): by default the notebook's global batch,
 per_device_train_batch_size x gradient_accumulation_steps rows per optimizer step, is kept on N processes,
 instead of growing N times under the notebook's learning rate and `max_steps`. Rank 0 prints the layout.
 

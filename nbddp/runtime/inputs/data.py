@@ -1,7 +1,7 @@
 """Checks on data before a notebook loads and formats it, so a bad path or row is named instead of failing deep
 in `load_dataset` or `map`.
 
-    from nbddp.runtime.data import require_file, require_fields
+    from nbddp.runtime.inputs.data import require_file, require_fields
     require_file(data_path)  # DataError: data file 'data/tiny.jsonl': no such file (did you mean ...?)
     require_fields(dataset, ["instruction", "input", "output"], source=data_path)
     # DataError: data/x.jsonl row 17: missing "output"
@@ -17,7 +17,7 @@ import glob
 from pathlib import Path
 
 from nbddp.errors import DataError
-from nbddp.runtime.near_miss import closest_sibling
+from nbddp.runtime.inputs.near_miss import closest_sibling
 
 
 def require_file(path: str) -> None:

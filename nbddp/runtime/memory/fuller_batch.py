@@ -28,10 +28,11 @@ import torch
 import torch.distributed as dist
 
 from nbddp import log
-from nbddp.runtime import batch_plan, patches
-from nbddp.runtime.batch_plan import BatchPlan
-from nbddp.runtime.checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
-from nbddp.runtime.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
+from nbddp.runtime import patches
+from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.memory.batch_plan import BatchPlan
+from nbddp.runtime.memory.gradient_checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
+from nbddp.runtime.memory.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
 
 # Tokens per micro batch from which a fuller one buys little more GPU efficiency, and cheaper recompute is worth
 # more: the 1.1B shape at 8 x 2048 ran 1.39x the tokens/s of 4 x 2048 (bench/results/batch_1b.json).
@@ -127,7 +128,8 @@ def _from_rank0(decision, device):
 
 def _update_checkpointing_choice(trainer, chosen) -> None:
     """The example notebooks' choose_gradient_checkpointing choice, and its first-step check, see the new layout."""
-    from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck  # imports transformers, like this caller
+    # imports transformers, like this caller
+    from nbddp.runtime.memory.gradient_checkpointing_check import FirstStepMemoryCheck
 
     choice = getattr(trainer.model, "nbddp_checkpointing", None)
     if choice is None:

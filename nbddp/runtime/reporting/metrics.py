@@ -13,9 +13,10 @@ docs/performance.md.)
 record-metrics adds (as `ddp.metrics_callback()`) to a trainer that a notebook built without callbacks.
 
 On rank 0 it also adds `tokens_per_s`, `peak_mem_gib` and (with a batch plan) `global_batch` to the Trainer's
-training logs, for the callbacks that come after it: `nbddp.runtime.trainer_patches` puts it before the reporting
-ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show them beside Transformers' own scalars, and
-`TrainingProgress` (nbddp.runtime.progress) shows tokens/s. The Trainer's `log_history` does not get them.
+training logs, for the callbacks that come after it: `nbddp.runtime.trainer.trainer_patches` puts it before the
+reporting ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show them beside Transformers' own
+scalars, and `TrainingProgress` (nbddp.runtime.reporting.progress) shows tokens/s. The Trainer's `log_history` does
+not get them.
 """
 import resource
 import time
@@ -26,7 +27,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from nbddp.formats import metrics
-from nbddp.runtime import batch_plan
+from nbddp.runtime.memory import batch_plan
 
 LOGGED = ("tokens_per_s", "peak_mem_gib")  # added to the training log, for the callbacks after this one
 

@@ -19,7 +19,7 @@ answers only, with Unsloth 2026.10.9's signatures and results (unsloth/chat_temp
   EOS token included; the next instruction marker, turn opener, BOS or response marker ends it otherwise), -100
   elsewhere, in the trainer's tokenized datasets; rows left with no label are dropped, since their loss would be 0/0.
   TRL's collator pads a `labels` column as it is. Markers not given are read from the chat template, and
-  `force_match=False` matches them loosely, as Unsloth does (nbddp/runtime/hf_chat_markers.py).
+  `force_match=False` matches them loosely, as Unsloth does (nbddp/runtime/backends/hf_chat_markers.py).
 
 `to_sharegpt`, the dataset-level `apply_chat_template` (with its Ollama Modelfile) and `remove_special_tokens` are
 in hf_sharegpt.py, and importable from here as from Unsloth's module.
@@ -34,9 +34,9 @@ from importlib import resources
 
 from nbddp import log
 from nbddp.errors import DataError, UsageError
-from nbddp.runtime.hf_chat_markers import Marker, marker_tokens, template_markers, turn_ends
+from nbddp.runtime.backends.hf_chat_markers import Marker, marker_tokens, template_markers, turn_ends
 
-TABLE = json.loads(resources.files("nbddp.runtime").joinpath("unsloth_chat_templates.json").read_text("utf-8"))
+TABLE = json.loads(resources.files("nbddp.runtime.backends").joinpath("unsloth_chat_templates.json").read_text("utf-8"))
 CHAT_TEMPLATES = TABLE["chat_templates"]
 DEFAULT_MAPPING = {"role": "role", "content": "content", "user": "user", "assistant": "assistant"}
 IGNORE_INDEX = -100  # the label that cross-entropy skips
@@ -52,7 +52,7 @@ def __getattr__(name):
     # `from unsloth.chat_templates import to_sharegpt` ends here (PEP 562); an error other than
     # AttributeError reaches the user as it is, instead of Python's bare "cannot import name".
     if name in SHAREGPT_NAMES:
-        from nbddp.runtime import hf_sharegpt
+        from nbddp.runtime.backends import hf_sharegpt
 
         return getattr(hf_sharegpt, name)
     if name in UNSLOTH_ONLY:

@@ -19,7 +19,7 @@ The choice needs the per-device batch, which is why the notebooks define `per_de
 LoRA setup stage, before the trainer. It is printed with its estimate on rank 0 and kept on the model
 (`model.nbddp_checkpointing`), where `patch_trainer` finds it: a Trainer built on the model then honours it
 (TRL's configs default `gradient_checkpointing` to True, which would switch recompute back on) and checks the
-estimate against the measured peak after its first step (`checkpointing_check.FirstStepMemoryCheck`).
+estimate against the measured peak after its first step (`gradient_checkpointing_check.FirstStepMemoryCheck`).
 """
 import dataclasses
 import functools
@@ -30,7 +30,7 @@ import torch
 from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.runtime import patches
-from nbddp.runtime.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
+from nbddp.runtime.memory.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
                                            format_gib, shape_from_model)
 
 PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
@@ -56,7 +56,8 @@ def peft_mode(value) -> str:
     if mode == "auto":
         raise UsageError(
             "use_gradient_checkpointing='auto' depends on the batch, which get_peft_model does not know: pass "
-            "nbddp.runtime.checkpointing.choose_gradient_checkpointing(...)'s result to get_peft_model instead"
+            "nbddp.runtime.memory.gradient_checkpointing.choose_gradient_checkpointing(...)'s result to get_peft_model "
+            "instead"
         )
     return mode
 
@@ -169,7 +170,8 @@ def patch_trainer(trainer_class) -> None:
 
 def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:
     """Turn the trainer's own checkpointing off when the choice is off, and add the first-step memory check."""
-    from nbddp.runtime.checkpointing_check import FirstStepMemoryCheck  # imports transformers: after Unsloth
+    # imports transformers: after Unsloth
+    from nbddp.runtime.memory.gradient_checkpointing_check import FirstStepMemoryCheck
 
     if choice.mode == "off" and trainer.args.gradient_checkpointing:
         # Trainer.train() would enable it on the model (TRL 0.x's trainers already did, in their __init__).

@@ -1,4 +1,4 @@
-"""Every Trainer's checkpoints keep the `nbddp.checkpoint_markers` contract: `CompleteCheckpointsCallback`, and
+"""Every Trainer's checkpoints keep the `nbddp.formats.checkpoint_markers` contract: `CompleteCheckpointsCallback`, and
 the three `transformers.Trainer` methods `register` wraps.
 
 `register` appends the callback to `transformers.trainer.DEFAULT_CALLBACKS`, the callbacks every `Trainer.__init__`
@@ -41,9 +41,10 @@ from transformers import trainer as transformers_trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from nbddp import log
-from nbddp import checkpoint_markers
+from nbddp.formats import checkpoint_markers
 from nbddp.errors import UsageError
-from nbddp.runtime import batch_plan, patches
+from nbddp.runtime import patches
+from nbddp.runtime.memory import batch_plan
 
 _trainers_per_output_dir = {}  # os.path.realpath(output_dir) -> trainers of this process given a folder in it
 

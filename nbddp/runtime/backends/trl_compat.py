@@ -37,7 +37,8 @@ import inspect
 import warnings
 
 from nbddp.errors import UsageError
-from nbddp.runtime import config_keywords, patches
+from nbddp.runtime import patches
+from nbddp.runtime.backends import config_keywords
 
 # (module, trainer, config) of the trainers Unsloth's notebooks build; those not importable here are skipped.
 TRAINERS = (

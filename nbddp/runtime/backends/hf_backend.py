@@ -30,10 +30,11 @@ import torch
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.runtime import hf_chat_templates as chat_templates  # `unsloth.chat_templates` (see backends.activate)
-from nbddp.runtime import hf_rl_environments
-from nbddp.runtime.checkpointing import peft_mode
-from nbddp.runtime.models import require_model
+# `unsloth.chat_templates` (see backends.activate)
+from nbddp.runtime.backends import hf_chat_templates as chat_templates
+from nbddp.runtime.backends import hf_rl_environments
+from nbddp.runtime.inputs.models import require_model
+from nbddp.runtime.memory.gradient_checkpointing import peft_mode
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -74,7 +75,7 @@ CHAT_TEMPLATE_NAMES = ("get_chat_template", "test_chat_templates", "test_hf_gguf
 def __getattr__(name):
     # PEP 562: `from unsloth import X` for a name not defined above ends here.
     if name == "trainer" or name in TRAINER_NAMES:
-        from nbddp.runtime import hf_trainer
+        from nbddp.runtime.backends import hf_trainer
 
         return hf_trainer if name == "trainer" else getattr(hf_trainer, name)
     if name in CHAT_TEMPLATE_NAMES:

@@ -21,7 +21,7 @@ import logging
 import re
 
 from nbddp.errors import DataError, UsageError
-from nbddp.runtime.hf_chat_templates import _escape_jinja_literal
+from nbddp.runtime.backends.hf_chat_templates import _escape_jinja_literal
 
 logger = logging.getLogger(__name__)
 

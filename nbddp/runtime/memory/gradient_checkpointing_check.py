@@ -1,6 +1,6 @@
 """`FirstStepMemoryCheck`: the estimate that chose the gradient checkpointing mode, next to the measured peak.
 
-`checkpointing.patch_trainer` adds it to every Trainer whose model carries a choice. On a GPU, after the first
+`gradient_checkpointing.patch_trainer` adds it to every Trainer whose model carries a choice. On a GPU, after the first
 optimizer step, rank 0 prints
 
     nbddp: after step 1: peak 16.5 GiB allocated (estimated 17.7 GiB with gradient checkpointing unsloth), 18.0 GiB reserved of 139.8 GiB on cuda:0
@@ -22,8 +22,8 @@ import torch
 from transformers import TrainerCallback
 
 from nbddp import log
-from nbddp.runtime import batch_plan
-from nbddp.runtime.memory_estimate import GIB, estimate_peak, format_gib
+from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.memory.memory_estimate import GIB, estimate_peak, format_gib
 
 CLOSE_TO_LIMIT = 0.90  # reserved peak over this share of the GPU after step 1: little left for longer rows
 # What a fuller micro batch bought where it was measured (median of 2 pairs, bench/results/batch_1b.json): a

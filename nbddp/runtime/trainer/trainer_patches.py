@@ -52,14 +52,14 @@ def register_callbacks() -> None:
     would otherwise have written before it. Registering twice is once."""
     from transformers.trainer_callback import CallbackHandler
 
-    from nbddp.runtime import progress
+    from nbddp.runtime.reporting import progress
 
     progress.register()
     patches.wrap("progress-and-metrics-callbacks", CallbackHandler, "add_callback", _metrics_first)
 
 
 def _metrics_first(original):
-    from nbddp.runtime.metrics import MetricsCallback
+    from nbddp.runtime.reporting.metrics import MetricsCallback
 
     @functools.wraps(original)
     def add_callback(self, callback):

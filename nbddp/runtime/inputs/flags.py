@@ -23,8 +23,9 @@ from datetime import timedelta
 
 from nbddp.errors import UsageError
 from nbddp.formats.parameters import DTYPE, DTYPES, NBDDP_NOTEBOOK, Parameter, ParametersCellError, read_cell, typed
-from nbddp.runtime import preflight, training_overrides, working_directory
-from nbddp.script_parameters import WORKDIR
+from nbddp.runtime import working_directory
+from nbddp.runtime.inputs import preflight, training_overrides
+from nbddp.formats.script_parameters import WORKDIR
 
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")

@@ -8,12 +8,12 @@ directories that have it:
 
     {"step": 40, "world_size": 2, "completed_at": 1764450000.5, "global_batch": 8, "run": "20261201T101500Z-3fa2c1"}
 
-`global_batch` (rows per optimizer step, nbddp.runtime.batch_plan) is absent from markers written before it, and
+`global_batch` (rows per optimizer step, nbddp.runtime.memory.batch_plan) is absent from markers written before it, and
 for trainers whose arguments nbddp did not lay out. `run` (`new_run_id()`: the UTC time the run started and a random
 suffix) names the training run that wrote the checkpoint; a resumed run keeps the id of the checkpoint it resumed
 from. Markers written before it have none (`Checkpoint.run` None).
 
-The contract around the marker (nbddp.runtime.checkpoint_callback keeps it for every Trainer):
+The contract around the marker (nbddp.runtime.trainer.training_checkpoints keeps it for every Trainer):
 - the marker is removed (`unmark`) before any file of its directory is rewritten, and written only once every
   rank has finished, so a marked directory never mixes two saves;
 - a fresh (not resumed) run first moves the checkpoint directories it finds aside (`move_aside`, into

@@ -24,7 +24,7 @@ import torch
 from PIL import Image
 
 from nbddp.errors import UsageError
-from nbddp.runtime import hf_chat_templates
+from nbddp.runtime.backends import hf_chat_templates
 
 # unsloth_zoo/vlm_tokens.py's IMAGE_TOKENS: placeholders that stand in for images and are never targets.
 IMAGE_TOKENS = (

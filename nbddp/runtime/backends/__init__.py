@@ -10,8 +10,10 @@ import sys
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime import checkpointing, hf_backend, patches
-from nbddp.runtime.flags import BACKEND_CHOICES
+from nbddp.runtime import patches
+from nbddp.runtime.backends import hf_backend
+from nbddp.runtime.memory import gradient_checkpointing
+from nbddp.runtime.inputs.flags import BACKEND_CHOICES
 
 
 def choose(requested: str) -> tuple[str, str]:
@@ -43,7 +45,7 @@ def activate(backend: str) -> None:
         # tokenizer=, beta=, ...) and its configs the keywords Transformers 5 and TRL 1.x renamed (warmup_ratio=);
         # without it, notebooks that pass them fail here. So the fallback patches TRL itself, which means
         # importing trl now rather than in the notebook's first trainer cell.
-        from nbddp.runtime.trl_compat import patch_trl
+        from nbddp.runtime.backends.trl_compat import patch_trl
 
         patch_trl()
         _patch_trainer()
@@ -56,24 +58,25 @@ def activate(backend: str) -> None:
     importlib.import_module("unsloth")
     from transformers import Trainer
 
-    from nbddp.runtime.trainer_patches import patch_compute_loss
+    from nbddp.runtime.trainer.trainer_patches import patch_compute_loss
 
     patch_compute_loss(Trainer)
     _patch_trainer()
 
 
 def _patch_trainer() -> None:
-    """Trainers honour and check the gradient checkpointing the notebook chose (see `checkpointing`), lay out the
-    batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
+    """Trainers honour and check the gradient checkpointing the notebook chose (see `memory.gradient_checkpointing`),
+    lay out the batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
     one process's (see `eval_loss`), a multimodal model's unused tower adapters do not stop DDP (see
     `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`)."""
     from transformers import Trainer
 
-    from nbddp.runtime import fuller_batch, unused_parameters
-    from nbddp.runtime.eval_loss import patch_evaluation_loop
-    from nbddp.runtime.trainer_patches import register_callbacks
+    from nbddp.runtime.memory import fuller_batch
+    from nbddp.runtime.trainer import unused_parameters
+    from nbddp.runtime.trainer.eval_loss import patch_evaluation_loop
+    from nbddp.runtime.trainer.trainer_patches import register_callbacks
 
-    checkpointing.patch_trainer(Trainer)
+    gradient_checkpointing.patch_trainer(Trainer)
     fuller_batch.patch_trainer(Trainer)
     patch_evaluation_loop(Trainer)
     unused_parameters.patch_trainer(Trainer)

@@ -1,0 +1,1 @@
+"""Memory planning: the batch layout, the memory estimate, gradient checkpointing."""

@@ -1,0 +1,1 @@
+"""What a run reports: metrics, progress, heartbeats, tracebacks, display()."""

@@ -1,0 +1,1 @@
+"""What nbddp adds to every Trainer under DDP: its patches and callbacks."""
