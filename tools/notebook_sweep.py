@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=int, default=600, help="seconds each run may take (default: %(default)s)")
     parser.add_argument("--nproc-per-node", type=int, default=2, help="torchrun processes (default: %(default)s)")
     parser.add_argument("--gpu", action="store_true", help="run on this host's GPUs (see below)")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="run each as a user does, `pipeline.py run --script`: a smoke run in a Jupyter kernel "
+                             "on one device, then torchrun, with the scripts' --backend auto (default: torchrun "
+                             "alone)")
     parser.add_argument("--backend", choices=("auto", "unsloth", "hf"),
                         help="the scripts' --backend (default: hf, or unsloth with --gpu)")
     parser.add_argument("--nbddp-commit", metavar="REV",
@@ -269,7 +273,8 @@ class Runner:
     def weights(self, python: str, source: Path) -> Path:
         """`source` with weights written by `python`'s Transformers (their layouts differ), built once."""
         if (python, source) not in self._weights:
-            code = f"from nbddp.runtime.tiny_model import ensure_weights; print(ensure_weights({str(source)!r}))"
+            code = ("from nbddp.runtime.backends.tiny_model import ensure_weights; "
+                    f"print(ensure_weights({str(source)!r}))")
             built = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
                                    env=nbddp_environment(self.args))
             self._weights[python, source] = Path(built.stdout.strip().splitlines()[-1])
@@ -301,8 +306,13 @@ class Runner:
         standins.assemble(folder, standins.model_standin_names(facts.model_ids), model, datasets)
         log_dir = self.logs / slug(outcome.notebook)
         log_dir.mkdir(parents=True, exist_ok=True)
-        command = [python, "-m", "torch.distributed.run", "--standalone",
-                   "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
+        if self.args.pipeline:
+            device = [] if self.args.gpu else ["--device", "cpu"]
+            command = [python, str(self.args.nbddp / "pipeline.py"), "run", "--script", str(script),
+                       "--nproc-per-node", str(self.args.nproc_per_node), *device]
+        else:
+            command = [python, "-m", "torch.distributed.run", "--standalone",
+                       "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
         outcome.ran = True
         started = time.monotonic()
         status = run_with_timeout(command, folder, self.environment(), log_dir, self.args.timeout)
@@ -383,8 +393,10 @@ def _describe(args, python: str) -> dict:
     return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "notebooks": f"unslothai/notebooks {notebooks_commit(args)} ({args.notebooks})",
             "nbddp": nbddp_commit(args), "device": device,
-            "run": f"torchrun --nproc_per_node {args.nproc_per_node}, --backend "
-                   f"{args.backend or ('unsloth' if args.gpu else 'hf')}, NBDDP_MAX_STEPS={args.steps}, "
+            "run": (f"pipeline.py run --script (smoke, then torchrun) --nproc-per-node {args.nproc_per_node}, "
+                    "--backend auto" if args.pipeline else
+                    f"torchrun --nproc_per_node {args.nproc_per_node}, --backend "
+                    f"{args.backend or ('unsloth' if args.gpu else 'hf')}") + f", NBDDP_MAX_STEPS={args.steps}, "
                    f"timeout {args.timeout} s, HF_HUB_OFFLINE=1",
             "versions": ", ".join(f"{name} {version}" for name, version in versions.items())}
 
