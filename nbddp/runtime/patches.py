@@ -7,8 +7,11 @@ put it back: `undo()` restores everything, for tests. `announce()` gives rank 0 
 and warns when an installed library is outside the versions they were tested on (TESTED: the two stacks of
 requirements.txt and requirements-notebooks.txt, and Unsloth's release on the GPU host).
 
-The patches that remain patches are those Transformers has no hook for: callbacks see a Trainer's events, not its
-loss computation, its evaluation loop, its dataloaders before `train()` builds them or the folder it saves into.
+What can be a callback is one (metrics, progress, checkpoint markers, the first-step memory check). The rest are
+patches because Transformers has no hook for them: callbacks see a Trainer's events, not its loss computation, its
+evaluation loop, its accelerator's DDP settings, its dataloaders before `train()` builds them or the folder it saves
+into, and a callback cannot give its trainer another callback (the memory check that the gradient checkpointing choice
+adds per model).
 """
 import dataclasses
 import functools
