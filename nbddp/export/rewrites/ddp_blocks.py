@@ -12,6 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from nbddp.export.rewrites.call_args import callee_name, keyword, receiver_name, set_keyword_value
+from nbddp.export.rewrites.vocabulary import TRAINER_COLLECTIVES, holds_trainer
 
 IS_MAIN_PROCESS = m.Attribute(value=m.Name("ddp"), attr=m.Name("is_main_process"))
 MAIN_PROCESS_ONLY = m.If(test=IS_MAIN_PROCESS)
@@ -22,8 +23,8 @@ BARRIER = m.SimpleStatementLine(
     body=[m.Expr(value=m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("barrier"))))]
 )
 
-TRAINER_COLLECTIVES = {"train", "evaluate", "predict", "save_model"}
 DDP_COLLECTIVES = {"barrier", "main_process_first", "shutdown"}
+WHOLE_CELL_TAGS = frozenset({"rank0", "main-process-first"})  # cells the export wraps whole, in the blocks below
 
 
 class _UnindentBlankLines(cst.CSTTransformer):
@@ -100,11 +101,8 @@ def main_process_first_block(module: cst.Module) -> cst.Module:
 
 def is_collective(call: cst.Call) -> bool:
     """`trainer.train()`/`.evaluate()`/`.predict()`/`.save_model()`, `ddp.barrier()`, `ddp.main_process_first()`."""
-    receiver = receiver_name(call) or ""
-    name = callee_name(call)
-    return (name in TRAINER_COLLECTIVES and "trainer" in receiver.lower()) or (
-        receiver == "ddp" and name in DDP_COLLECTIVES
-    )
+    receiver, name = receiver_name(call), callee_name(call)
+    return (name in TRAINER_COLLECTIVES and holds_trainer(receiver)) or (receiver == "ddp" and name in DDP_COLLECTIVES)
 
 
 def collective_calls(node: cst.CSTNode) -> list[cst.Call]:

@@ -15,10 +15,9 @@ import libcst.matchers as m
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import callee_name, code_of
 from nbddp.export.rewrites.dropped_lines import comment_out, dropped_line
-from nbddp.export.rewrites.replace_cuda_device import is_first_gpu
+from nbddp.export.rewrites.replace_cuda_device import TORCH_DEVICE, is_first_gpu
 
 SET_DEVICE = m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")), attr=m.Name("set_device"))
-TORCH_DEVICE = m.Call(func=m.Attribute(value=m.Name("torch"), attr=m.Name("device")))
 WHY = {
     "set_device": "ddp set this rank's own GPU already (cuda:<local_rank>; none on CPU)",
     "init_process_group": "ddp joined the process group already: nccl on GPUs, gloo on CPU",
@@ -28,7 +27,7 @@ WHY = {
 
 def _first_gpu_device(node: cst.BaseExpression) -> bool:
     """`0`, `"cuda"`, `"cuda:0"`, or `torch.device(<those>)`."""
-    if m.matches(node, TORCH_DEVICE):
+    if m.matches(node, m.Call(func=TORCH_DEVICE)):
         return bool(node.args) and all(is_first_gpu(arg.value) for arg in node.args)
     return is_first_gpu(node)
 

@@ -24,15 +24,14 @@ import libcst.matchers as m
 
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, literal_value, receiver_name
-from nbddp.export.rewrites.ddp_blocks import MAIN_PROCESS_ONLY, collective_calls, rank0_block
+from nbddp.export.rewrites.ddp_blocks import MAIN_PROCESS_ONLY, WHOLE_CELL_TAGS, collective_calls, rank0_block
+from nbddp.export.rewrites.vocabulary import UNSLOTH_LOADERS
 
 __all__ = ["GuardInferenceCell", "rank0_block"]
 
-UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
 STREAMERS = {"TextStreamer", "TextIteratorStreamer"}
 GENERATE_METHODS = {"generate", "fast_generate"}
 GENERATION_TASKS = {"text-generation", "text2text-generation", "image-text-to-text"}
-SKIPPED_TAGS = {"rank0", "main-process-first"}  # the export wraps these cells itself
 
 
 def generates_text(call: cst.Call) -> bool:
@@ -79,7 +78,7 @@ class GuardInferenceCell(Rewrite):
     DESCRIPTION = "Run a cell that generates text on the main process only; the other ranks wait at ddp.barrier()."
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        if self.context.cell_tags & SKIPPED_TAGS:
+        if self.context.cell_tags & WHOLE_CELL_TAGS:
             return updated_node
         finder = _GenerationFinder()
         original_node.visit(finder)

@@ -30,6 +30,7 @@ from nbddp.export.rewrites.ddp_blocks import (
     indented,
     main_process_only,
 )
+from nbddp.export.rewrites.vocabulary import holds_trainer
 
 DISPLAY_FUNCTIONS = {"print", "pprint", "display"}
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora")  # save_lora: Unsloth's, for vLLM (GRPO notebooks)
@@ -39,8 +40,9 @@ STARTS_A_RUN = {"init", "start_run"}  # wandb.init, trackio.init, mlflow.start_r
 
 def is_save(call: cst.Call) -> bool:
     """`model.save_pretrained*(...)`, `tokenizer.push_to_hub*(...)`; not the trainer's, which handles ranks itself."""
-    name, receiver = callee_name(call) or "", receiver_name(call) or ""
-    return isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES) and "trainer" not in receiver.lower()
+    name = callee_name(call) or ""
+    return (isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES)
+            and not holds_trainer(receiver_name(call)))
 
 
 def is_tracker_call(call: cst.Call, runs=frozenset()) -> bool:

@@ -20,13 +20,13 @@ from nbddp.export.rewrites.call_args import (
     receiver_name,
     set_keyword_value,
 )
+from nbddp.export.rewrites.vocabulary import CUDA, UNSLOTH_LOADERS
 
-UNSLOTH_LOADERS = {"FastLanguageModel", "FastModel", "FastVisionModel"}
 LOADER_PREFIXES = ("AutoModel", "AutoPeftModel")
 LOADER_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 SPLITS_THE_MODEL = ("auto", "balanced", "balanced_low_0", "sequential")
-FIRST_GPU = (0, "cuda", "cuda:0")
+FIRST_GPU = (0, *CUDA)
 LOCAL_RANK_NAMES = {"local_rank", "local_process_index"}  # accelerate's PartialState().local_process_index
 DDP_DEVICE_MAP = m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("device_map")), args=[])
 

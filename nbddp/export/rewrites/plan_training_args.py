@@ -12,7 +12,7 @@ import libcst as cst
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import callee_name, code_of, keyword
 from nbddp.export.rewrites.ddp_blocks import ddp_call
-from nbddp.export.rewrites.set_ddp_training_args import TRAINING_ARGUMENTS
+from nbddp.export.rewrites.vocabulary import TRAINING_ARGUMENTS
 
 BATCH_KEYWORDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
 

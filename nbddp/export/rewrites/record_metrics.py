@@ -13,6 +13,7 @@ import libcst as cst
 
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import append_keyword, callee_name, has_double_star, keyword
+from nbddp.export.rewrites.vocabulary import is_trainer_class
 
 
 class RecordMetrics(Rewrite):
@@ -20,10 +21,9 @@ class RecordMetrics(Rewrite):
     DESCRIPTION = "A trainer without callbacks gets ddp.metrics_callback(): <output_dir>/metrics.jsonl."
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        name = callee_name(original_node) or ""
         passes_model = keyword(original_node, "model") is not None or (
             original_node.args and original_node.args[0].keyword is None)
-        if not name.endswith("Trainer") or not passes_model:
+        if not is_trainer_class(callee_name(original_node)) or not passes_model:
             return updated_node
         if keyword(original_node, "callbacks") is not None or has_double_star(original_node):
             return updated_node

@@ -8,19 +8,7 @@ import libcst as cst
 
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import callee_name, keyword
-
-TRAINERS = {
-    "Trainer",
-    "Seq2SeqTrainer",
-    "SFTTrainer",
-    "DPOTrainer",
-    "GRPOTrainer",
-    "KTOTrainer",
-    "ORPOTrainer",
-    "CPOTrainer",
-    "RewardTrainer",
-    "UnslothTrainer",
-}
+from nbddp.export.rewrites.vocabulary import TRAINERS
 
 
 class RenameTrainerTokenizer(Rewrite):

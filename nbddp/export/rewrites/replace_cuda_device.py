@@ -15,8 +15,8 @@ import libcst.matchers as m
 
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, literal_value
+from nbddp.export.rewrites.vocabulary import CUDA
 
-CUDA = ("cuda", "cuda:0")
 TORCH_DEVICE = m.Attribute(value=m.Name("torch"), attr=m.Name("device"))
 SET_DEFAULT_DEVICE = m.Attribute(value=m.Name("torch"), attr=m.Name("set_default_device"))
 GET_DEVICE_PROPERTIES = m.Attribute(value=m.Attribute(value=m.Name("torch"), attr=m.Name("cuda")),

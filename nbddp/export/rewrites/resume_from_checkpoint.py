@@ -14,11 +14,11 @@ import libcst as cst
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import append_keyword, callee_name, code_of, has_double_star, keyword, receiver_name
 from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call
+from nbddp.export.rewrites.vocabulary import holds_trainer
 
 
 def is_trainer_train(call: cst.Call) -> bool:
-    receiver = receiver_name(call)
-    return callee_name(call) == "train" and receiver is not None and "trainer" in receiver.lower()
+    return callee_name(call) == "train" and holds_trainer(receiver_name(call))
 
 
 class ResumeFromCheckpoint(Rewrite):

@@ -27,6 +27,7 @@ from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, recei
 from nbddp.export.rewrites.ddp_blocks import (
     MAIN_PROCESS_FIRST,
     MAIN_PROCESS_ONLY,
+    WHOLE_CELL_TAGS,
     is_ddp_call,
     main_process_first,
     wrap_keyword,
@@ -35,7 +36,6 @@ from nbddp.export.rewrites.ddp_blocks import (
 DATASET_CLASSES = {"Dataset", "DatasetDict", "IterableDataset", "IterableDatasetDict"}
 # unsloth.chat_templates helpers that call dataset.map themselves
 MAPPING_HELPERS = {"standardize_sharegpt", "standardize_data_formats", "train_on_responses_only"}
-SKIPPED_TAGS = {"rank0", "main-process-first"}  # whole cell already on one rank, or already wrapped
 
 
 def builds_dataset(call: cst.Call) -> bool:
@@ -62,7 +62,7 @@ class RunDatasetsMainProcessFirst(Rewrite):
         self._not_every_rank = 0  # depth inside functions, classes and main-process-only/first blocks
 
     def visit_Module(self, node: cst.Module) -> bool:
-        return not self.context.cell_tags & SKIPPED_TAGS
+        return not self.context.cell_tags & WHOLE_CELL_TAGS
 
     # Where statements may be wrapped.
 
@@ -115,7 +115,7 @@ class RunDatasetsMainProcessFirst(Rewrite):
         return updated_node.with_changes(body=self._wrap(updated_node.body))
 
     def leave_Module(self, original_node, updated_node):
-        if self.context.cell_tags & SKIPPED_TAGS:
+        if self.context.cell_tags & WHOLE_CELL_TAGS:
             return updated_node
         return updated_node.with_changes(body=self._wrap(updated_node.body))
 

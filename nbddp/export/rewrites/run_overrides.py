@@ -16,7 +16,7 @@ import libcst as cst
 from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import append_keyword, callee_name, code_of, has_double_star, keyword
 from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call, wrap_keyword
-from nbddp.export.rewrites.set_ddp_training_args import TRAINING_ARGUMENTS
+from nbddp.export.rewrites.vocabulary import TRAINING_ARGUMENTS
 
 # keyword (also the ddp method) -> what the report says overrides it
 OVERRIDDEN_BY = {

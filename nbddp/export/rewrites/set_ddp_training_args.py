@@ -28,19 +28,8 @@ from nbddp.export.rewrites.call_args import (
     literal_value,
 )
 from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call, wrap_keyword
+from nbddp.export.rewrites.vocabulary import TRAINING_ARGUMENTS, TRL_CONFIGS, is_trainer_class
 
-TRANSFORMERS_ARGUMENTS = {"TrainingArguments", "Seq2SeqTrainingArguments"}
-TRL_CONFIGS = {
-    "SFTConfig",
-    "DPOConfig",
-    "GRPOConfig",
-    "KTOConfig",
-    "RewardConfig",
-    "ORPOConfig",
-    "CPOConfig",
-    "UnslothTrainingArguments",
-}
-TRAINING_ARGUMENTS = TRANSFORMERS_ARGUMENTS | TRL_CONFIGS  # the calls this rewrite and run-overrides edit
 DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True"}
 
 
@@ -62,7 +51,7 @@ class SetDdpTrainingArgs(Rewrite):
             updated_node = self._set_ddp_defaults(original_node, updated_node)
             updated_node = self._guard_precision(original_node, updated_node, trl=name in TRL_CONFIGS)
             updated_node = self._wrap_optimizer(original_node, updated_node)
-        if name in TRAINING_ARGUMENTS or (name or "").endswith("Trainer"):
+        if name in TRAINING_ARGUMENTS or is_trainer_class(name):
             updated_node = self._cap_dataset_num_proc(original_node, updated_node)
         return updated_node
 
