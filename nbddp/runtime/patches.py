@@ -55,7 +55,8 @@ PATCHES = {
         "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "
         "(backends.trl_compat)"),
     "unsloth-fallback-module": Patch(
-        'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"]', "python", "hf backend",
+        'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"]', "python",
+        "hf backend",
         "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
         "(backends)"),
     "gradient-checkpointing-choice": Patch(
@@ -109,7 +110,19 @@ TESTED = {
 
 MARK = "nbddp_patches"  # on a wrapper: the names of the patches it carries, inner wrappers' included
 _MISSING = object()
-_undo: list = []  # (patch, restore), in the order applied
+
+
+class _Records(list):
+    """(patch, restore) pairs, in the order applied: this process's own, so pickled empty. dill pickles a module
+    outside site-packages by value, this one too when a pickled function reaches it (datasets' map workers, Unsloth's
+    compiled trainers), and the restores hold the libraries' original functions: pickled by value they were 45 MiB
+    on CPU, and on a GPU with Unsloth they reached torch._dynamo's config module, which does not pickle at all."""
+
+    def __reduce__(self):
+        return _Records, ()
+
+
+_undo = _Records()
 _active: dict = {}  # patch name -> None, in the order first applied
 
 

@@ -13,7 +13,8 @@ RUNTIME = Path(patches.__file__).parent
 
 
 @pytest.fixture(autouse=True)
-def undone_after():
+def undone_around():
+    patches.undo()  # what earlier tests of this process applied
     yield
     patches.undo()
 
@@ -142,3 +143,17 @@ def test_the_installed_stack_is_within_the_tested_versions():
     for library, (low, high) in patches.TESTED.items():
         installed = patches._version(library)
         assert installed is None or patches._within(installed, low, high), (library, installed)
+
+
+def test_the_registry_pickles_without_the_originals_it_keeps():
+    # Seen on a GPU: a smoke run's dataset.map pickled this module by value, with the original Trainer.compute_loss
+    # its undo record keeps, and failed ("cannot pickle 'ConfigModuleInstance' object").
+    import dill
+    from transformers import Trainer
+
+    from nbddp.runtime.trainer.trainer_patches import patch_compute_loss
+
+    patch_compute_loss(Trainer)
+    records = dill.dumps(patches._undo, recurse=True)
+    assert dill.loads(records) == [] and b"compute_loss" not in records
+    assert patches.active() == ("clone-model-loss",)
