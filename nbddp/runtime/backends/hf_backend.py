@@ -32,7 +32,7 @@ from nbddp import log
 from nbddp.errors import UsageError
 # `unsloth.chat_templates` (see backends.activate)
 from nbddp.runtime.backends import hf_chat_templates as chat_templates
-from nbddp.runtime.backends import hf_rl_environments
+from nbddp.runtime.backends import hf_rl_environments, hf_saving
 from nbddp.runtime.inputs.models import require_model
 from nbddp.runtime.memory.gradient_checkpointing import peft_mode
 
@@ -156,7 +156,7 @@ class FastLanguageModel:
         """Wrap `model` with LoRA adapters; only the adapters (and `modules_to_save`) are trainable.
 
         `embed_tokens` and `lm_head` in `target_modules` move to `modules_to_save`, as in Unsloth. The result has
-        Unsloth's `save_lora(directory)`: the adapter's `save_pretrained`.
+        Unsloth's `save_lora(directory)` (the adapter's `save_pretrained`) and its saving methods (see hf_saving).
         """
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
         from transformers import set_seed
@@ -191,7 +191,7 @@ class FastLanguageModel:
         set_seed(random_state)  # as Unsloth does: the LoRA init is the same on every rank and every run
         peft_model = get_peft_model(model, config)
         peft_model.save_lora = peft_model.save_pretrained
-        return peft_model
+        return hf_saving.attach(peft_model)
 
     @staticmethod
     def for_inference(model):
@@ -384,6 +384,7 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     if hasattr(model, "generate"):  # a classifier (auto_model=AutoModelForSequenceClassification) has none
         model.generate = _takes_encoding_as_input_ids(model.generate)
     model.gradient_checkpointing_enable = _non_reentrant_by_default(model.gradient_checkpointing_enable)
+    hf_saving.attach(model)  # save_pretrained_merged, ...: Unsloth binds its saving methods to every model it loads
     if kwargs.get("fast_inference"):
         for name in VLLM_METHODS:
             setattr(model, name, functools.partial(_vllm_only, name))
