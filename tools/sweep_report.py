@@ -45,7 +45,7 @@ LIMITS = (
      r"No such file or directory: 'ollama'",  # the notebook's `curl https://ollama.com/install.sh | sh`
      "the network (a hub or web download)"),
     (r"needs an NVIDIA GPU|Torch not compiled with CUDA|CUDA is not available|No CUDA GPUs|nvidia-smi|"
-     r"CUDA-enabled PyTorch required|No GPU visible",
+     r"CUDA-enabled PyTorch required|No GPU visible|serves the model with vLLM \(a CUDA GPU\)",
      "a GPU"),
     (r"save_pretrained_gguf|push_to_hub_gguf|llama\.cpp|save_pretrained_torchao", "Unsloth's GPU-only export"),
     (r"trust_remote_code|add_image_preprocess|Processor' object has no attribute 'eval'", "the model's own code"),
