@@ -183,7 +183,7 @@ def check_overrides(groups, environ=None):
     groups = [[where, lines] for where, lines in groups if lines]
     if not groups:
         return
-    command = [sys.executable, "-c", "import sys; from nbddp.runtime import training_overrides as t; "
+    command = [sys.executable, "-c", "import sys; from nbddp.runtime.inputs import training_overrides as t; "
                                      "sys.exit(t.main(sys.argv[1:]))", json.dumps(groups)]
     env = environment.child_environment(cuda_visible_devices="", environ=environ)
     try:

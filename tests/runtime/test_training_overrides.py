@@ -109,7 +109,7 @@ def test_the_family_holds_transformers_and_trls_configs():
 
 def test_nothing_to_check_imports_nothing():
     # The script reads its flags before setup imports Unsloth, which must come before transformers and trl.
-    code = ("import sys; from nbddp.runtime import training_overrides as t; t.check([]); "
+    code = ("import sys; from nbddp.runtime.inputs import training_overrides as t; t.check([]); "
             "t.from_environment({'NBDDP_SET': 'learning_rate=1e-4'}); "
             "print(sorted(m for m in ('torch', 'transformers', 'trl') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
