@@ -123,7 +123,7 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(LlamaForCausalLM, "device", property(lambda self: torch.device("cuda", 0)))
 
     def make(free_gib, unsloth):
-        monkeypatch.setattr(checkpointing, "capacity_gib", lambda device: free_gib)
+        monkeypatch.setattr(gradient_checkpointing, "capacity_gib", lambda device: free_gib)
         if unsloth:
             monkeypatch.setitem(sys.modules, "unsloth", types.ModuleType("unsloth"))
         else:
