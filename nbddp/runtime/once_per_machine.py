@@ -53,7 +53,7 @@ class OncePerMachine:
             yield True
             return
         self._claims[work] += 1
-        key = hashlib.sha256(f"{self._claims[work]}\0{work}".encode()).hexdigest()[:24]
+        key = self.key(work)
         with contextlib.suppress(FileExistsError):
             os.mkdir(self.folder, 0o700)
         folder = self._open_folder()
@@ -71,6 +71,11 @@ class OncePerMachine:
             yield first
             if first:
                 file.write(DONE)
+
+    def key(self, work: str) -> str:
+        """The name of the file of this process's latest claim of `work`, in `folder` (other files of that piece of
+        work may be named after it)."""
+        return hashlib.sha256(f"{self._claims[work]}\0{work}".encode()).hexdigest()[:24]
 
     def remove(self) -> None:
         """Delete this job's folder, when it is the private one claims made; call it once every rank of the machine

@@ -13,19 +13,13 @@ The ranks agree through once_per_machine's claim of the lambda's script line and
 there. The starting rank writes the pid beside the claim, and the exit status when the process exits (a daemon
 thread waits for it); the others signal it through a pidfd, which never reaches a later process given the same pid.
 """
-import collections
 import contextlib
-import hashlib
 import json
 import os
 import signal
 import subprocess
 import threading
 import time
-import weakref
-
-_arrivals = weakref.WeakKeyDictionary()  # OncePerMachine -> Counter of (script, line): times this rank got there
-
 
 def start_once(start, once):
     """`start()` (a `Popen`) on the first rank of the machine to call this for the lambda's line; a
@@ -33,11 +27,9 @@ def start_once(start, once):
     if once.local_world_size == 1:
         return start()
     code = start.__code__
-    arrivals = _arrivals.setdefault(once, collections.Counter())
-    arrivals[code.co_filename, code.co_firstlineno] += 1
-    work = f"process\0{code.co_filename}\0{code.co_firstlineno}\0{arrivals[code.co_filename, code.co_firstlineno]}"
-    name = hashlib.sha256(work.encode()).hexdigest()[:24]
+    work = f"process\0{code.co_filename}\0{code.co_firstlineno}"
     with once.claim(work) as first:
+        name = once.key(work)  # counts this rank's claims of the line: a loop starts one process per pass
         if first:
             process = start()
             _write(once.folder / f"{name}.pid", json.dumps({"pid": process.pid, "args": process.args}, default=str))
