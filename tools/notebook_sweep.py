@@ -20,8 +20,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nbddp.errors import UsageError
@@ -91,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--steps", type=int, default=3, help="NBDDP_MAX_STEPS for each run (default: %(default)s)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds each run may take (default: %(default)s)")
     parser.add_argument("--nproc-per-node", type=int, default=2, help="torchrun processes (default: %(default)s)")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N",
+                        help="notebooks exported and run at the same time (default: %(default)s); a GPU host with "
+                             "more memory and cores than one stand-in run uses takes several")
     parser.add_argument("--gpu", action="store_true", help="run on this host's GPUs (see below)")
     parser.add_argument("--pipeline", action="store_true",
                         help="run each as a user does, `pipeline.py run --script`: a smoke run in a Jupyter kernel "
@@ -146,14 +151,24 @@ def sweep(args) -> int:
     if previous:  # the sweep's environment as it was; the rerun's commit is on each notebook it ran
         environment = {**previous[0], "updated": f"{environment['date']}: {len(notebooks)} notebooks rerun with nbddp "
                                                  f"{environment['nbddp']}"}
-    outcomes = []
-    for number, path in enumerate(notebooks, 1):
+    done = {}  # path -> outcome, in the order they finish
+    lock = threading.Lock()
+
+    def one(path: Path) -> None:
         outcome = process(path, categories[path], facts[path], args, runner if path in to_run else None)
         outcome.nbddp = commit
-        outcomes.append(outcome)
-        print(f"[{number}/{len(notebooks)}] {progress_line(outcome)}", flush=True)
-        written = merge(previous[1], outcomes) if previous else outcomes
-        json_path, markdown_path = write(results, written, environment)  # an interrupted sweep keeps what it did
+        with lock:
+            done[path] = outcome
+            print(f"[{len(done)}/{len(notebooks)}] {progress_line(outcome)}", flush=True)
+            outcomes = [done[p] for p in notebooks if p in done]
+            written[:] = merge(previous[1], outcomes) if previous else outcomes
+            write(results, written, environment)  # an interrupted sweep keeps what it did
+
+    written = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for finished in [pool.submit(one, path) for path in notebooks]:
+            finished.result()
+    json_path, markdown_path = results / "summary.json", results / "summary.md"
     print("\n" + table(written))
     print(f"\nwrote {json_path} and {markdown_path}")
     return 0
@@ -269,6 +284,7 @@ class Runner:
         shutil.rmtree(args.work / "hf-home", ignore_errors=True)
         self.datasets = {i: folder for i in ids if (folder := standin_datasets.build(datasets_root, i))}
         self._weights = {}  # (python, model folder) -> the folder with weights
+        self._building = threading.Lock()
 
     def weights(self, python: str, source: Path) -> Path:
         """`source` with weights written by `python`'s Transformers (their layouts differ), built once."""
@@ -281,6 +297,26 @@ class Runner:
         return self._weights[python, source]
 
     def run(self, outcome: Outcome, facts, folder: Path, script: Path, python: str) -> None:
+        with self._building:  # the stand-ins' folders are shared: built one run at a time, run side by side
+            self.assemble(facts, folder, python, outcome)
+        if outcome.stage == "standins":
+            return
+        log_dir = self.logs / slug(outcome.notebook)
+        outcome.ran = True
+        started = time.monotonic()
+        status = run_with_timeout(self.command(script, python), folder, self.environment(), log_dir, self.args.timeout)
+        outcome.seconds = round(time.monotonic() - started, 1)
+        outcome.passed = status == 0
+        if not outcome.passed:
+            output = (log_dir / "run.stderr").read_text(errors="replace")
+            outcome.stage = "run"
+            outcome.error = after_failed_download(first_error(output) if status is not None else (
+                f"timed out after {self.args.timeout} s; last: {first_error(output)}"), output)
+        for name in ("run.stdout", "run.stderr"):
+            keep_tail(log_dir / name, LOG_LIMIT)
+
+    def assemble(self, facts, folder: Path, python: str, outcome: Outcome) -> None:
+        """The notebook's stand-ins beside it, or outcome.stage "standins" with the reason."""
         vision = facts.loads_vision_model()
         source = standins.model_source(REPO, vision, facts.model_ids)
         if source is None:
@@ -304,27 +340,16 @@ class Runner:
         datasets = {i: self.datasets[i] for i in self.datasets if i in facts.dataset_ids or facts.mentions(i)}
         # beside the notebook, where its cells run (the script's workdir), as a user's data would be
         standins.assemble(folder, standins.model_standin_names(facts.model_ids), model, datasets)
-        log_dir = self.logs / slug(outcome.notebook)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        (self.logs / slug(outcome.notebook)).mkdir(parents=True, exist_ok=True)
+
+    def command(self, script: Path, python: str) -> list[str]:
+        """`pipeline.py run --script` with --pipeline, else torchrun of the script alone."""
         if self.args.pipeline:
             device = [] if self.args.gpu else ["--device", "cpu"]
-            command = [python, str(self.args.nbddp / "pipeline.py"), "run", "--script", str(script),
-                       "--nproc-per-node", str(self.args.nproc_per_node), *device]
-        else:
-            command = [python, "-m", "torch.distributed.run", "--standalone",
-                       "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
-        outcome.ran = True
-        started = time.monotonic()
-        status = run_with_timeout(command, folder, self.environment(), log_dir, self.args.timeout)
-        outcome.seconds = round(time.monotonic() - started, 1)
-        outcome.passed = status == 0
-        if not outcome.passed:
-            output = (log_dir / "run.stderr").read_text(errors="replace")
-            outcome.stage = "run"
-            outcome.error = after_failed_download(first_error(output) if status is not None else (
-                f"timed out after {self.args.timeout} s; last: {first_error(output)}"), output)
-        for name in ("run.stdout", "run.stderr"):
-            keep_tail(log_dir / name, LOG_LIMIT)
+            return [python, str(self.args.nbddp / "pipeline.py"), "run", "--script", str(script),
+                    "--nproc-per-node", str(self.args.nproc_per_node), *device]
+        return [python, "-m", "torch.distributed.run", "--standalone",
+                "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
 
     def environment(self) -> dict:
         environment = {**nbddp_environment(self.args), "HF_HUB_OFFLINE": "1", "HF_HOME": str(self.args.work / "hf-home"),

@@ -74,7 +74,8 @@ def test_slug_has_no_spaces():
 @pytest.mark.e2e
 def test_sweep_runs_a_notebook_on_stand_ins_and_reports_a_failing_one(tmp_path, monkeypatch):
     """Two notebooks as Unsloth writes them, loading hub ids: one trains its (capped) steps on 2 CPU processes;
-    the other stops in a cell, and the table gives that exception with its cell."""
+    the other stops in a cell, and the table gives that exception with its cell. Both run at once (--jobs 2) and
+    keep the order they were named in."""
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "nb"
     folder.mkdir()
@@ -82,10 +83,11 @@ def test_sweep_runs_a_notebook_on_stand_ins_and_reports_a_failing_one(tmp_path, 
     write_notebook(folder / "Tiny Broken.ipynb", ALPACA_CELLS[:2] + ['raise ValueError("planted")\n'])
     results = tmp_path / "results"
     status = notebook_sweep.main(["--notebooks", str(folder), "--notebooks-commit", "abc1234", "--only",
-                                  "Tiny-Alpaca", "Tiny Broken", "--steps", "2", "--timeout", "300",
+                                  "Tiny-Alpaca", "Tiny Broken", "--jobs", "2", "--steps", "2", "--timeout", "300",
                                   "--work", str(tmp_path / "work"), "--results", str(results)])
     assert status == 0
     summary = json.loads((results / "summary.json").read_text())
+    assert [row["notebook"] for row in summary["notebooks"]] == ["Tiny-Alpaca", "Tiny Broken"]
     by_name = {row["notebook"]: row for row in summary["notebooks"]}
     assert by_name["Tiny-Alpaca"]["passed"], by_name["Tiny-Alpaca"]["error"]
     assert by_name["Tiny Broken"]["ran"] and not by_name["Tiny Broken"]["passed"]
