@@ -1,50 +1,47 @@
 """Syntax errors in code cells, reported at the notebook, cell and line where they are."""
-import ast
 import sys
-import warnings
 
 import libcst as cst
+from libcst.metadata import MetadataWrapper
 
 from nbddp.errors import NotebookError
 from nbddp.export.rewrites.base import CellLocation
 from nbddp.export.rewrites.convert_magics import to_python
+from nbddp.export.rewrites.respell_fstrings import RespellFstrings, syntax_error
 
 
 def check_syntax(location: CellLocation, source: str) -> str:
-    """The cell as Python (magics turned into `get_ipython()` calls, line for line), checked by Python's
-    parser: its messages ("'(' was never closed") and lines beat libcst's, which can point past the mistake.
+    """The cell as Python that the running Python parses (magics turned into `get_ipython()` calls, line for line),
+    or a NotebookError at Python's own message and line ("'(' was never closed"), which beat libcst's.
+
+    A cell only a newer grammar accepts that respell-fstrings makes valid (3.12 f-strings on an older Python)
+    passes, respelled: rewrites.apply runs that rewrite too, and reports it; what it leaves invalid is the error.
     """
     code = to_python(source)
-    with warnings.catch_warnings():
-        # Escape-sequence warnings are the cell's business when it runs, not the export's.
-        warnings.simplefilter("ignore", SyntaxWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        try:
-            ast.parse(code)
-        except SyntaxError as err:
-            raise NotebookError(location.notebook, f"syntax error: {err.msg}", cell=location.cell, line=err.lineno,
-                                hint=_newer_python_hint(code)) from err
-    return code
-
-
-def _newer_python_hint(code: str) -> str | None:
-    """Notebooks written on Colab's newer Python use its grammar (3.12's f-strings reuse the outer quotes inside
-    `{...}`); libcst knows newer grammars than the Python running the export, so its parse tells the two apart."""
+    error = syntax_error(code)
+    if error is None:
+        return code
     try:
-        cst.parse_module(code)
+        module = cst.parse_module(code)  # libcst knows newer grammars than the Python running the export
     except cst.ParserSyntaxError:
-        return None
+        raise _notebook_error(location, error, hint=None) from error
+    respelled = MetadataWrapper(module).visit(RespellFstrings(location)).code
+    respelled_error = syntax_error(respelled)
+    if respelled_error is None:
+        return respelled
+    raise _notebook_error(location, respelled_error, _newer_python_hint()) from error
+
+
+def _notebook_error(location: CellLocation, error: SyntaxError, hint: str | None) -> NotebookError:
+    return NotebookError(location.notebook, f"syntax error: {error.msg}", cell=location.cell, line=error.lineno,
+                         hint=hint)
+
+
+def _newer_python_hint() -> str:
+    """For a cell that a newer Python's grammar accepts: what to do, and what respell-fstrings cannot respell."""
     running = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return (f"a newer Python's grammar accepts this cell, Python {running}'s does not (3.12 allows quotes inside "
-            f"f-strings, for one): export and run the script with a newer Python, or rewrite the line for {running}")
+    return (f"a newer Python's grammar accepts this cell, Python {running}'s does not (Python 3.12's f-strings, for "
+            f"one): export and run the script with Python 3.12 or newer, or spell the line for {running}. nbddp gives "
+            f"the strings inside an f-string's {{...}} the other quote itself, but not a backslash, a comment or both "
+            f"quotes there, nor f-strings nested deeper than the quotes allow: compute such a value on a line above")
 
-
-def parse_cell(location: CellLocation, source: str) -> cst.Module:
-    """The checked cell as a libcst tree."""
-    code = check_syntax(location, source)
-    try:
-        return cst.parse_module(code)
-    except cst.ParserSyntaxError as err:  # code Python accepts but libcst cannot parse
-        raise NotebookError(
-            location.notebook, f"libcst cannot parse this cell: {err.message}", cell=location.cell, line=err.raw_line
-        ) from err

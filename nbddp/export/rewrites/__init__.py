@@ -20,6 +20,7 @@ from nbddp.export.rewrites.record_metrics import RecordMetrics
 from nbddp.export.rewrites.refuse_input import RefuseInput
 from nbddp.export.rewrites.rename_trainer_tokenizer import RenameTrainerTokenizer
 from nbddp.export.rewrites.replace_cuda_device import ReplaceCudaDevice
+from nbddp.export.rewrites.respell_fstrings import RespellFstrings
 from nbddp.export.rewrites.resume_from_checkpoint import ResumeFromCheckpoint
 from nbddp.export.rewrites.run_datasets_main_process_first import RunDatasetsMainProcessFirst
 from nbddp.export.rewrites.run_overrides import RunOverrides
@@ -30,12 +31,15 @@ from nbddp.export.rewrites.use_tqdm_auto import UseTqdmAuto
 from nbddp.export.rewrites.warn_own_training_loop import WarnOwnTrainingLoop
 from nbddp.export.rewrites.warn_remote_generation import WarnRemoteGeneration
 
-# The refusal first; the process setup dropped before replace-cuda-device makes `set_device(torch.device("cuda"))`
+# First the f-strings respelled for an exporting Python older than 3.12 (export/syntax.py let the cell through
+# because this rewrite makes it valid), so the later rewrites and the script hold code that Python compiles; then
+# the refusal; the process setup dropped before replace-cuda-device makes `set_device(torch.device("cuda"))`
 # a `set_device(ddp.device)`; argument-level rewrites, and the cell's last value shown (while it is still the cell's
 # last top-level statement); then the ones that move statements into blocks: a whole-cell guard before the
 # per-statement ones, which leave code under `if ddp.is_main_process:` alone; last the warnings, which change nothing
 # and pass over code that now runs on the main process only.
 REWRITES: list[type[Rewrite]] = [
+    RespellFstrings,
     RefuseInput,
     HoistUnslothImport,
     UseTqdmAuto,
