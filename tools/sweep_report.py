@@ -13,7 +13,8 @@ outcomes in summary.json (and the runs' logs), with this module's rules.
 
 `first_error(text)` is the line a reader needs from a failing command's output: nbddp's one-paragraph error (its
 first line, with the notebook cell it came from), else the exception line of the first rank's traceback with
-that cell (a rank that lost its peer in a collective comes last), else the last exception line, else the last line.
+that cell (a rank that lost its peer in a collective comes last), else the last exception line, else the last line;
+an AssertionError's line with the `assert` the traceback shows above it.
 """
 import dataclasses
 import json
@@ -52,7 +53,9 @@ LIMITS = (
     # unsloth_zoo absent, or present and refusing to import without Unsloth (which needs a GPU)
     (r"No module named 'unsloth_zoo'|Please install Unsloth via `pip install unsloth`",
      "Unsloth itself (unsloth_zoo, which needs a GPU)"),
-    (r"^AssertionError: \d+\.\d+[\w.]*( \[|$)", "the exact version the notebook asserts"),
+    # `assert transformers.__version__ == "5.15.0"` (first_error shows the assert): a release the stack lacks
+    (r"^AssertionError\b.* \(`assert (?P<package>[\w.]+)\.__version__ == [\"'](?P<version>[^\"']+)[\"']",
+     r"\g<package> \g<version> (the exact version the notebook asserts)"),
 )
 
 
@@ -80,8 +83,8 @@ def slug(notebook: str) -> str:
 def limit(error: str | None) -> str | None:
     """What the sandbox lacks that stopped the run, when the first error says so; None for nbddp's own failures."""
     for pattern, missing in LIMITS:
-        if error and re.search(pattern, error):
-            return missing
+        if error and (found := re.search(pattern, error)):
+            return found.expand(missing)
     return None
 
 
@@ -102,19 +105,29 @@ def first_error(text: str) -> str:
         if line.startswith(("nbddp: error: ", "error: ")):  # the script's paragraph; pipeline.py's
             reports.append((line.split("error: ", 1)[1], following))
         elif line.startswith("nbddp: ") and ORIGIN.search(line):
-            cause = next((l for l in reversed(lines[:index]) if EXCEPTION_LINE.match(l) and not _torchrun(l)), None)
-            if cause:
-                reports.append((cause, line))
+            cause = next((i for i in reversed(range(index)) if EXCEPTION_LINE.match(lines[i])
+                          and not _torchrun(lines[i])), None)
+            if cause is not None:
+                reports.append((_with_assertion(lines, cause), line))
     if reports:
         # A rank that waited in a collective for a rank that died reports the lost connection: not the cause.
         message, origin = next((r for r in reports if not any(m in r[0] for m in PEER_LOST)), reports[0])
         return _short(_with_origin(message, origin))
-    causes = [line for line in lines if EXCEPTION_LINE.match(line) and not _torchrun(line)]
-    return _short(causes[-1] if causes else lines[-1])
+    causes = [i for i, line in enumerate(lines) if EXCEPTION_LINE.match(line) and not _torchrun(line)]
+    return _short(_with_assertion(lines, causes[-1]) if causes else lines[-1])
 
 
 def _torchrun(line: str) -> bool:
     return any(marker in line for marker in NOT_THE_CAUSE)
+
+
+def _with_assertion(lines: list[str], index: int) -> str:
+    """The exception line `lines[index]`; an AssertionError's with the `assert` its traceback shows above it, which
+    says what was asserted (`AssertionError: 4.56.2` alone does not)."""
+    if not lines[index].startswith("AssertionError"):
+        return lines[index]
+    source = next((line.strip() for line in reversed(lines[:index]) if line.strip(" ^~")), "")
+    return f"{lines[index]} (`{source}`)" if re.match(r"assert\b", source) else lines[index]
 
 
 def _with_origin(message: str, origin_line: str) -> str:

@@ -55,7 +55,8 @@ PATCHES = {
         "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "
         "(backends.trl_compat)"),
     "unsloth-fallback-module": Patch(
-        'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"]', "python",
+        'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"], '
+        '["unsloth_zoo.utils"]', "python",
         "hf backend",
         "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
         "(backends)"),

@@ -66,6 +66,22 @@ def test_hf_installs_the_fallback_as_unsloth(monkeypatch, backend_patches_undone
     assert train_on_responses_only is hf_backend.chat_templates.train_on_responses_only
 
 
+def test_hf_gives_unsloth_zoos_utils_without_its_init(monkeypatch, tmp_path, backend_patches_undone_after):
+    package = tmp_path / "unsloth_zoo"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise ImportError("Please install Unsloth via `pip install unsloth`!")\n')
+    (package / "utils.py").write_text("from packaging.version import Version\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("unsloth_zoo", "unsloth_zoo.utils"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    backends.activate("hf")
+    from unsloth_zoo.utils import Version  # as Unsloth's vision GRPO notebooks check TRL's version
+
+    assert Version("0.22.2") < Version("0.24.0")
+    assert sys.modules["unsloth_zoo.utils"].__file__ == str(package / "utils.py")
+    assert "unsloth_zoo" not in sys.modules  # the package's __init__ never ran
+
+
 def test_installed_fallback_does_not_count_as_unsloth(machine, monkeypatch):
     machine(cuda=True, unsloth=True)  # find_spec would answer yes
     monkeypatch.setitem(sys.modules, "unsloth", hf_backend)  # a second setup in the same kernel

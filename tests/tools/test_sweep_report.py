@@ -46,6 +46,16 @@ def test_without_nbddp_lines_the_last_exception_line_then_the_last_line():
     assert first_error("") == "no output"
 
 
+def test_an_assertion_error_shows_what_was_asserted():
+    asserted = ('Traceback (most recent call last):\n  File "/w/X/out/train.py", line 89, in <module>\n'
+                '    assert transformers.__version__ == "5.15.0", transformers.__version__\n'
+                "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\nAssertionError: 4.56.2\n")
+    expected = 'AssertionError: 4.56.2 (`assert transformers.__version__ == "5.15.0", transformers.__version__`)'
+    assert first_error(rank(1, asserted + ORIGIN.format(line=89, cell=7))) == expected + " [01_nb.ipynb, cell 7, line 3]"
+    assert first_error(asserted) == expected
+    assert first_error(traceback("AssertionError: 4.56.2", 7)) == "AssertionError: 4.56.2 [01_nb.ipynb, cell 7, line 3]"
+
+
 def test_a_long_error_is_cut():
     assert len(first_error("ValueError: " + "x" * 1000)) == 300
 
@@ -75,7 +85,8 @@ def test_limit_names_what_the_sandbox_lacks_and_nothing_for_nbddps_own_failures(
                  "[01_nb.ipynb, cell 10, line 26]") == "an audio decoder"
     assert limit("FileNotFoundError: [Errno 2] No such file or directory: 'ollama' [01_nb.ipynb, cell 44, line 6]") \
         == "the network (a hub or web download)"  # installed by the notebook from ollama.com
-    assert limit("AssertionError: 5.17.0 [01_nb.ipynb, cell 8, line 6]") == "the exact version the notebook asserts"
+    assert limit('AssertionError: 5.17.0 (`assert transformers.__version__ == "5.15.0", transformers.__version__`) '
+                 "[01_nb.ipynb, cell 8, line 6]") == "transformers 5.15.0 (the exact version the notebook asserts)"
     assert limit("nbddp.errors.UsageError: unsloth.dataprep.SyntheticDataKit serves the model with vLLM (a CUDA GPU) to "
                  "generate question-answer pairs ...") == "a GPU"  # the fallback's refusal (hf_dataprep)
     assert limit("AssertionError: expected 3 rows [01_nb.ipynb, cell 8, line 6]") is None

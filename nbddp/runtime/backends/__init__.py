@@ -11,7 +11,7 @@ import torch
 
 from nbddp.errors import UsageError
 from nbddp.runtime import patches
-from nbddp.runtime.backends import hf_backend, hf_dataprep
+from nbddp.runtime.backends import hf_backend, hf_dataprep, hf_zoo_files
 from nbddp.runtime.memory import gradient_checkpointing
 from nbddp.runtime.inputs.flags import BACKEND_CHOICES
 
@@ -36,12 +36,16 @@ def choose(requested: str) -> tuple[str, str]:
 
 def activate(backend: str) -> None:
     """Import the real Unsloth, or install the fallback as the module `unsloth` (and `unsloth.chat_templates`,
-    `unsloth.trainer`, `unsloth.dataprep`)."""
+    `unsloth.trainer`, `unsloth.dataprep`; and an installed unsloth_zoo's `unsloth_zoo.utils`)."""
     if backend == "hf":
         for name, module in (("unsloth", hf_backend), ("unsloth.chat_templates", hf_backend.chat_templates),
                              ("unsloth.trainer", hf_backend.trainer),  # hf_trainer: imports trl, as patch_trl does
                              ("unsloth.dataprep", hf_dataprep)):
             patches.set_item("unsloth-fallback-module", sys.modules, name, module)
+        # `from unsloth_zoo.utils import Version` (Unsloth's vision GRPO notebooks check TRL's version with it) finds
+        # unsloth_zoo's own file there, run at its first use, rather than the package that refuses without Unsloth.
+        if utils := hf_zoo_files.lazy_module("utils"):
+            patches.set_item("unsloth-fallback-module", sys.modules, "unsloth_zoo.utils", utils, default_only=True)
         # Importing Unsloth lets TRL's trainers take Unsloth-era arguments (dataset_text_field=, max_seq_length=,
         # tokenizer=, beta=, ...) and its configs the keywords Transformers 5 and TRL 1.x renamed (warmup_ratio=);
         # without it, notebooks that pass them fail here. So the fallback patches TRL itself, which means
