@@ -18,6 +18,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 DATASET_BUILDERS = frozenset({"csv", "json", "parquet", "text", "arrow", "pandas", "imagefolder", "audiofolder",
                               "videofolder", "webdataset", "sql"})
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+URL = re.compile(r"^https?://[^\s/]+/\S+$")  # a string that is a whole URL with a path: what a cell may fetch
 PIN = re.compile(r"(?<![\w-])(transformers|trl)==(\d[\w.]*)")  # in an install cell: `!pip install transformers==4.56.2`
 
 
@@ -32,6 +33,7 @@ class NotebookFacts:
     pins: dict[str, str]  # package -> the version the install cell pins: {"transformers": "4.56.2", "trl": "0.22.2"}
     chat_templates: list[str]  # the templates get_chat_template is given: get_chat_template(processor, "gemma-3")
     auto_models: list[str]  # the classes from_pretrained is given as auto_model: ["AutoModelForCausalLM"]
+    urls: list[str]  # the string literals that are http(s) URLs with a path, in order, without repeats
 
     def keyword_true(self, name: str) -> bool:
         return True in self.keywords.get(name, [])
@@ -59,7 +61,7 @@ def code_cells(notebook: Path) -> list[str]:
 
 
 def read_facts(notebook: Path) -> NotebookFacts:
-    facts = NotebookFacts(set(), set(), {}, [], [], [], {}, [], [])
+    facts = NotebookFacts(set(), set(), {}, [], [], [], {}, [], [], [])
     transformer = TransformerManager()
     assigned, loaded = {}, []  # variable -> the strings assigned to it; variables a loader was given
     for source in code_cells(notebook):
@@ -71,6 +73,7 @@ def read_facts(notebook: Path) -> NotebookFacts:
     for string in facts.strings:
         for package, version in PIN.findall(string):
             facts.pins.setdefault(package, version)
+    facts.urls = [string for string in dict.fromkeys(facts.strings) if URL.match(string)]
     for variable in loaded:  # MODEL_ID = "unsloth/Qwen3-0.6B"; from_pretrained(model_name = MODEL_ID)
         for value in assigned.get(variable, []):
             _add_id(facts.model_ids, value)

@@ -5,8 +5,9 @@
 Each notebook of unslothai/notebooks' nb/ (outside its AMD, Kaggle and Desktop copies) is classified from its code
 (tools/categories.py), copied alone into WORK/<name>/01_nb.ipynb, exported with `pipeline.py export` and compiled
 with `py_compile`; the chosen ones then run under torchrun, where links beside the notebook (its cells run there)
-named like every hub id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py),
-with the hub offline and training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then the table;
+named like every hub id the notebook loads lead to local stand-ins (tools/standins.py, tools/standin_datasets.py)
+and the URLs it fetches files from are answered from local files (tools/standin_urls.py), with the hub offline and
+training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then the table;
 the same goes to RESULTS/summary.json and summary.md, with each run's stdout and stderr under RESULTS/logs/.
 """
 import argparse
@@ -27,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from tools import standin_datasets, standins
+from tools import standin_datasets, standin_urls, standins
 from tools.categories import CATEGORIES, classify
 from tools.notebook_facts import read_facts
 from tools.sweep_report import Outcome, after_failed_download, first_error, merge, read, slug, table, write
@@ -50,8 +51,11 @@ how long, on 2 CPU cores: all 177 exported and compiled with --sample 3 (26 runs
 
 needs: this repository's virtual environment (torch, transformers, trl, peft, datasets, IPython) and the tiny
 models' folders models/tiny-chat (or models/tiny-llama) and models/tiny-vision. Nothing is downloaded: the hub
-is offline (HF_HUB_OFFLINE=1) and every model and dataset id a notebook names is a local stand-in, so a run
-checks nbddp's rewrites and runtime on the notebook's own code, not the model's quality. Each sweep replaces
+is offline (HF_HUB_OFFLINE=1), every model and dataset id a notebook names is a local stand-in, and so is each
+URL it names of a kind tools/standin_urls.py knows (a book's .txt, an image, a sound, a CSV whose columns it
+has), answered to urllib, requests, httpx and datasets in the run's Python (a `!wget` of it still finds no
+network); any other URL fails as without network. So a run checks nbddp's rewrites and runtime on the
+notebook's own code, not the model's quality. Each sweep replaces
 RESULTS' summary and logs.
 
 unsloth_zoo: the GRPO notebooks that run model-written code do it through Unsloth's sandbox helpers
@@ -283,6 +287,7 @@ class Runner:
         # datasets' cache can hand out an older stand-in's rows for the rebuilt files: every sweep starts without it
         shutil.rmtree(args.work / "hf-home", ignore_errors=True)
         self.datasets = {i: folder for i in ids if (folder := standin_datasets.build(datasets_root, i))}
+        self.urls = standin_urls.build(args.work / "urls", [u for f in facts for u in f.urls])
         self._weights = {}  # (python, model folder) -> the folder with weights
         self._building = threading.Lock()
 
@@ -304,7 +309,8 @@ class Runner:
         log_dir = self.logs / slug(outcome.notebook)
         outcome.ran = True
         started = time.monotonic()
-        status = run_with_timeout(self.command(script, python), folder, self.environment(), log_dir, self.args.timeout)
+        status = run_with_timeout(self.command(script, python), folder, self.environment(facts), log_dir,
+                                  self.args.timeout)
         outcome.seconds = round(time.monotonic() - started, 1)
         outcome.passed = status == 0
         if not outcome.passed:
@@ -351,10 +357,13 @@ class Runner:
         return [python, "-m", "torch.distributed.run", "--standalone",
                 "--nproc_per_node", str(self.args.nproc_per_node), str(script), "--backend", self.backend]
 
-    def environment(self) -> dict:
+    def environment(self, facts) -> dict:
+        """The run's variables: the hub offline, training capped, the URLs the notebook names answered locally."""
         environment = {**nbddp_environment(self.args), "HF_HUB_OFFLINE": "1", "HF_HOME": str(self.args.work / "hf-home"),
                        "NBDDP_MAX_STEPS": str(self.args.steps), "NBDDP_TIMEOUT_S": str(self.args.timeout),
                        "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
+        urls = {url: self.urls[url] for url in facts.urls if url in self.urls}
+        environment.update(standin_urls.environment(urls, environment["PYTHONPATH"]))
         if not self.args.gpu:
             environment["CUDA_VISIBLE_DEVICES"] = ""
         return environment
