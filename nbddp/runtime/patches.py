@@ -51,7 +51,7 @@ PATCHES = {
         "trl.SFTConfig.__init__", "trl", "hf backend",
         "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (backends.trl_compat)"),
     "trl-moved-names": Patch(
-        "trl.__getattr__", "trl", "hf backend",
+        "trl.__getattr__", "trl", "every run",
         "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "
         "(backends.trl_compat)"),
     "unsloth-fallback-module": Patch(

@@ -88,7 +88,8 @@ def test_installed_fallback_does_not_count_as_unsloth(machine, monkeypatch):
     assert backends.choose("auto")[0] == "hf"
 
 
-def test_unsloth_is_imported_and_the_trainer_patched(monkeypatch):
+def test_unsloth_is_imported_and_the_trainer_patched(monkeypatch, backend_patches_undone_after):
+    import trl
     from transformers import Trainer
 
     monkeypatch.setattr(Trainer, "compute_loss", Trainer.compute_loss)  # restored after the test
@@ -97,3 +98,6 @@ def test_unsloth_is_imported_and_the_trainer_patched(monkeypatch):
     backends.activate("unsloth")
     assert sys.modules["unsloth"] is real_unsloth
     assert patches.is_patched(Trainer.compute_loss, "clone-model-loss")
+    if "ORPOConfig" not in dir(trl):  # TRL 1.x, where Unsloth leaves it out of trl too (Llama3_(8B)-ORPO, on a GPU)
+        with pytest.raises(ImportError, match=r"TRL 1\.x moved ORPOConfig to trl\.experimental\.orpo"):
+            from trl import ORPOConfig  # noqa: F401

@@ -61,11 +61,14 @@ def activate(backend: str) -> None:
     # (unsloth_zoo.utils.distributed_function). Imported on local rank 0 first while the others waited
     # in a barrier, it hung on 2 GPUs until the NCCL watchdog aborted (unsloth 2026.10.9).
     importlib.import_module("unsloth")
+    import trl
     from transformers import Trainer
 
+    from nbddp.runtime.backends.trl_compat import refuse_moved_names
     from nbddp.runtime.trainer.trainer_patches import patch_compute_loss
 
     patch_compute_loss(Trainer)
+    refuse_moved_names(trl)  # Llama3_(8B)-ORPO's `from trl import ORPOConfig` on TRL 1.x: say where it went
     _patch_trainer()
 
 
