@@ -9,6 +9,10 @@ token) and in the layout the notebooks read: the column names, nesting and value
 `#### N`, numeric `expected_answer`s, `{"from", "value"}` turns). Images are real PNGs and audio real WAVs, typed
 with datasets' `Image` and `Audio` features. Row counts cover the highest row a notebook indexes
 (`dataset[1523]`, `select(range(10000))`, `train_test_split(test_size=50)` then `[100]`).
+
+Two things the audio notebooks load by a hub id get a folder the same way, though no dataset (`Layout.folder`):
+evaluate's "wer" metric (`evaluate.load("wer")` reads `wer/wer.py` from the folder it runs in; needs evaluate and
+jiwer) and SNAC's codec (`SNAC.from_pretrained` reads a folder's config.json and pytorch_model.bin; needs snac).
 """
 import dataclasses
 import io
@@ -34,10 +38,14 @@ class Layout:
     config: str = "default"
     splits: tuple[str, ...] = ("train",)
     audio: tuple[str, ...] = ()  # columns holding {"array": [...], "sampling_rate": N} to store as WAV
+    # writes the whole folder instead of rows: a thing an audio notebook loads from the hub by an id that is no
+    # dataset (evaluate's "wer" metric, a SNAC codec); its ImportError (a package missing) leaves the id without one
+    folder: Callable[[Path], None] | None = None
 
 
 def build(root: Path, dataset_id: str) -> Path | None:
-    """Write the stand-in for `dataset_id` under `root` (replacing an older one) and return its folder."""
+    """Write the stand-in for `dataset_id` under `root` (replacing an older one) and return its folder (None: no
+    layout, or its `folder` builder lacks a package)."""
     layout = LAYOUTS.get(dataset_id)
     if layout is None:
         return None
@@ -46,6 +54,13 @@ def build(root: Path, dataset_id: str) -> Path | None:
     folder = root / dataset_id
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    if layout.folder is not None:
+        try:
+            layout.folder(folder)
+        except ImportError:  # the package its builder needs is missing: the notebook's own import of it says so
+            shutil.rmtree(folder)
+            return None
+        return folder
     entries = []
     for split in layout.splits:
         rows = [layout.row(random.Random(f"{dataset_id}:{split}:{i}"), i) for i in range(layout.rows)]
@@ -190,6 +205,51 @@ def _emilia(rng, i):
     return {"audio": _tone(rng, 0.05), "text": _words(rng) + "."}
 
 
+# evaluate-metric/wer's metric, for `evaluate.load("wer")` run beside it: word error rate through jiwer, as the
+# hub's wer.py computes it (errors over reference words, summed over the pairs).
+WER_METRIC = """import datasets
+import evaluate
+import jiwer
+
+
+class Wer(evaluate.Metric):
+    def _info(self):
+        return evaluate.MetricInfo(description="word error rate (nbddp sweep stand-in)", citation="",
+                                   features=datasets.Features({"predictions": datasets.Value("string"),
+                                                               "references": datasets.Value("string")}))
+
+    def _compute(self, predictions=None, references=None, concatenate_texts=False):
+        if concatenate_texts:
+            return jiwer.wer(references, predictions)
+        errors = words = 0
+        for prediction, reference in zip(predictions, references):
+            measures = jiwer.process_words(reference, prediction)
+            errors += measures.substitutions + measures.deletions + measures.insertions
+            words += measures.substitutions + measures.deletions + measures.hits
+        return errors / words
+"""
+# hubertsiuzdak/snac_24khz's config.json with the encoder's and decoder's widths cut (8 and 32 for 48 and 1024):
+# the same rates, strides and 4096-code books, so a notebook's code offsets (128266 + k * 4096) hold.
+SNAC_24KHZ = {"sampling_rate": 24000, "encoder_dim": 8, "encoder_rates": [2, 4, 8, 8], "decoder_dim": 32,
+              "decoder_rates": [8, 8, 4, 2], "attn_window_size": None, "codebook_size": 4096, "codebook_dim": 8,
+              "vq_strides": [4, 2, 1], "noise": True, "depthwise": True}
+
+
+def _wer_metric(folder: Path) -> None:
+    (folder / "wer.py").write_text(WER_METRIC, encoding="utf-8")
+
+
+def _snac(folder: Path) -> None:
+    """SNAC.from_pretrained's folder (config.json, pytorch_model.bin): a tiny SNAC of seeded random weights."""
+    import torch
+    from snac import SNAC
+
+    (folder / "config.json").write_text(json.dumps(SNAC_24KHZ, indent=2) + "\n", encoding="utf-8")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        torch.save(SNAC.from_config(folder / "config.json").state_dict(), folder / "pytorch_model.bin")
+
+
 def _txt360_agent(rng, i):
     tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
                                              "parameters": {"type": "object",
@@ -268,6 +328,8 @@ LAYOUTS: dict[str, Layout] = {
     "hezarai/parsynth-ocr-200k": Layout(_parsynth, rows=2000, splits=("train", "test")),
     "Etherll/kaira": Layout(_kaira, audio=("audio",)),
     "kadirnar/Emilia-DE-B000000": Layout(_emilia, rows=7600, audio=("audio",)),
+    "wer": Layout(None, folder=_wer_metric),  # Whisper: evaluate.load("wer")
+    "hubertsiuzdak/snac_24khz": Layout(None, folder=_snac),  # Orpheus_(3B)-TTS: SNAC.from_pretrained(...)
     "LLM360/TxT360-3efforts": Layout(_txt360_agent, config="agent", splits=("medium",)),
     "google/mobile-actions": Layout(_mobile_actions),
     "HuggingFaceH4/Multilingual-Thinking": Layout(_multilingual_thinking),

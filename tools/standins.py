@@ -19,7 +19,8 @@ makes that copy of the tiny chat model. A vision notebook that sets one of Unslo
 `vision_variant` makes a copy of the tiny Llava whose image token is the template's (`image_token`). A vision
 family whose processor brings a template of its own, which its notebooks train on (PaddleOCR-VL's `User: ...
 \nAssistant: ...`), gets that template and image token (`own_vision_template`) the same way. A family neither tiny
-model can stand in for (Whisper, a speech-to-text model) has its own tiny model (`FAMILY_MODELS`).
+model can stand in for (Whisper, a speech-to-text model; Orpheus, whose token ids go past tiny-chat's vocabulary;
+Sesame's CSM, a text-to-speech model) has its own tiny model (`FAMILY_MODELS`).
 """
 import functools
 import json
@@ -110,7 +111,10 @@ QUANTIZED_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit")  # longest first: both e
 TEXT_MODELS = ("models/tiny-chat", "models/tiny-llama")  # the first that exists; tiny-chat has chat tokens
 VISION_MODELS = ("models/tiny-vision",)
 # Families that neither stands in for, by a pattern of the model id: their own tiny model.
-FAMILY_MODELS = ((r"whisper", "models/tiny-whisper"),)
+# Orpheus writes token ids past any text vocabulary (its SNAC audio codes): models/build_tiny_orpheus.py; Sesame's
+# CSM is a text-to-speech model with a codec of its own: models/build_tiny_csm.py.
+FAMILY_MODELS = ((r"whisper", "models/tiny-whisper"), (r"orpheus", "models/tiny-orpheus"),
+                 (r"(^|/)csm-", "models/tiny-csm"))
 
 
 def model_standin_names(model_ids: list[str]) -> list[str]:

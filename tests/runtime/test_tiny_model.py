@@ -65,6 +65,16 @@ def test_a_vision_language_config_is_built_as_one(model_cache):
     assert any("vision_tower." in name for name in weights(ensure_weights(str(repository_model))))
 
 
+
+def test_a_text_to_speech_config_is_built_as_the_class_it_names(model_cache):
+    """models/tiny-csm: CsmForConditionalGeneration, which no Auto class of text or images loads."""
+    from transformers import CsmForConditionalGeneration
+
+    repository_model = Path(__file__).resolve().parents[2] / "models" / "tiny-csm"
+    model = CsmForConditionalGeneration.from_pretrained(ensure_weights(str(repository_model)))
+    assert any(name.startswith("codec_model.") for name in weights(ensure_weights(str(repository_model))))
+    assert model.config.num_codebooks == 4
+
 def test_a_rank_other_than_0_builds_the_weights_too(tiny_llama_dir, model_cache, monkeypatch):
     """Transformers 5's save_pretrained writes nothing on rank 1 of a process group; the cache must not be left
     with a model without weights (the second machine's first rank builds it on a two-machine job)."""

@@ -126,3 +126,18 @@ def test_static_graph_without_gradient_accumulation_else_the_search(accumulation
     assert accelerator.prepare_model("model") == "model"
     assert accelerator.ddp_handler.static_graph is static
     assert accelerator.ddp_handler.find_unused_parameters is search
+
+
+def test_a_speech_models_codec_adapters_lie_outside_the_language_model():
+    """Sesame's CSM: LoRA on every q_proj reaches its Mimi codec, which encodes the audio without gradients; its
+    get_decoder() is the whole model."""
+    from transformers import CsmForConditionalGeneration
+
+    from nbddp.runtime.backends.hf_backend import FastModel
+
+    model, _ = FastModel.from_pretrained(ensure_weights(str(REPO / "models" / "tiny-csm")), load_in_4bit=False,
+                                         auto_model=CsmForConditionalGeneration)
+    model = FastModel.get_peft_model(model, r=4, lora_alpha=4, target_modules=ALL_Q_PROJ,
+                                     use_gradient_checkpointing=False)
+    outside = trainable_outside_language_model(model)
+    assert outside and all(".codec_model." in name and "lora_" in name for name in outside)

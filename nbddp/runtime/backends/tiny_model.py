@@ -5,7 +5,8 @@ directory's content and the Transformers release (whose weight names can change:
 that path; any other name (a hub id, a directory with weights) comes back
 unchanged. So the example notebooks train a real, if tiny, model on machines that cannot reach a hub. A config
 with a `vision_config` (models/tiny-vision) is built as an image-text-to-text model, a speech model's
-(models/tiny-whisper) as a speech-to-text model, any other as a causal LM.
+(models/tiny-whisper) as a speech-to-text model, a causal LM's as one, and any other as the class its config's
+`architectures` names (models/tiny-csm: CsmForConditionalGeneration, a text-to-speech model).
 """
 import hashlib
 import os
@@ -51,8 +52,10 @@ def _build(source: Path, target: Path) -> None:
     Ranks that race here each build the same weights; the first rename wins and the others discard theirs.
     """
     import torch
+    import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSpeechSeq2Seq
-    from transformers.models.auto.modeling_auto import MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                        MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES)
 
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -62,8 +65,10 @@ def _build(source: Path, target: Path) -> None:
             config = AutoConfig.from_pretrained(source)
             auto_class = (AutoModelForImageTextToText if hasattr(config, "vision_config") else
                           AutoModelForSpeechSeq2Seq if config.model_type in MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES
-                          else AutoModelForCausalLM)
-            model = auto_class.from_config(config, dtype=torch.float32)
+                          else AutoModelForCausalLM if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+                          else None)
+            model = (auto_class.from_config(config, dtype=torch.float32) if auto_class is not None
+                     else getattr(transformers, config.architectures[0])(config).float())
         # Transformers 5 writes nothing on a rank other than 0 of a process group (should_save_on_this_rank), and
         # any rank may build here: the second machine's first rank, or every rank of a notebook without a guard.
         model.should_save_on_this_rank = lambda is_main_process: True

@@ -27,7 +27,9 @@ import functools
 from nbddp import log
 from nbddp.runtime import patches
 
-MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config")
+# a tower's config; a speech model's codec (Sesame's CSM: LoRA on `q_proj` also reaches its Mimi codec, which
+# encodes the audio without gradients)
+MULTIMODAL_CONFIG_KEYS = ("vision_config", "audio_config", "codec_config")
 
 
 def patch_trainer(trainer_class) -> None:
@@ -47,8 +49,9 @@ def patch_trainer(trainer_class) -> None:
 
 
 def trainable_outside_language_model(model) -> list[str]:
-    """Names of the trainable parameters of a multimodal `model` (its config has a vision or audio config) that
-    belong neither to its language model (`get_decoder()`) nor to its input or output embeddings; [] otherwise."""
+    """Names of the trainable parameters of a multimodal `model` (its config has a vision, audio or codec config) that
+    belong neither to its language model (`get_decoder()`, less a `codec_model`) nor to its input or output
+    embeddings; [] otherwise."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not any(hasattr(base.config, key) for key in MULTIMODAL_CONFIG_KEYS):
         return []
@@ -57,6 +60,9 @@ def trainable_outside_language_model(model) -> list[str]:
     except (AttributeError, NotImplementedError):
         return []
     inside = {id(p) for module in language if module is not None for p in module.parameters()}
+    codec = getattr(base, "codec_model", None)  # CSM's get_decoder() is the whole model, codec and all
+    if codec is not None:
+        inside -= {id(p) for p in codec.parameters()}
     return [name for name, p in model.named_parameters() if p.requires_grad and id(p) not in inside]
 
 
