@@ -158,8 +158,6 @@ def test_in_a_smoke_run_the_merged_save_lands_in_its_folder_and_the_push_is_skip
      r"model\.save_pretrained_gguf\('model', quantization_method='q4_k_m'\) .* llama\.cpp/convert_hf_to_gguf\.py merged"),
     (lambda m, t: m.push_to_hub_gguf("me/model", t, quantization_method="q8_0", token="hf_x"),
      r"model\.push_to_hub_gguf\('me/model', .* upload model\.gguf with huggingface_hub's upload_file"),
-    (lambda m, t: m.save_pretrained_torchao("model", t, torchao_config=object()),
-     r"model\.save_pretrained_torchao\('model'\) .* save_method=\"merged_16bit\".*TorchAoConfig"),
     (lambda m, t: m.save_pretrained_merged("model", t, save_method="merged_4bit"),
      r"model\.save_pretrained_merged\(save_method='merged_4bit'\) writes bitsandbytes 4-bit .* \(--backend unsloth\)"),
     (lambda m, t: m.push_to_hub_merged("me/model", t, save_method="merged_4bit_forced"),

@@ -32,7 +32,7 @@ from nbddp import log
 from nbddp.errors import UsageError
 # `unsloth.chat_templates` (see backends.activate)
 from nbddp.runtime.backends import hf_chat_templates as chat_templates
-from nbddp.runtime.backends import hf_rl_environments, hf_saving
+from nbddp.runtime.backends import hf_rl_environments, hf_saving, hf_torchao
 from nbddp.runtime.inputs.models import require_model
 from nbddp.runtime.memory.gradient_checkpointing import peft_mode
 
@@ -190,6 +190,7 @@ class FastLanguageModel:
         )
         set_seed(random_state)  # as Unsloth does: the LoRA init is the same on every rank and every run
         peft_model = get_peft_model(model, config)
+        hf_torchao.prepare_qat(peft_model, kwargs.get("qat_scheme"))  # QAT of the base layers, as Unsloth
         peft_model.save_lora = peft_model.save_pretrained
         return hf_saving.attach(peft_model)
 
@@ -385,6 +386,8 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
         model.generate = _takes_encoding_as_input_ids(model.generate)
     model.gradient_checkpointing_enable = _non_reentrant_by_default(model.gradient_checkpointing_enable)
     hf_saving.attach(model)  # save_pretrained_merged, ...: Unsloth binds its saving methods to every model it loads
+    if full_finetuning:  # Unsloth takes qat_scheme in from_pretrained for full finetuning only
+        hf_torchao.prepare_qat(model, kwargs.get("qat_scheme"))
     if kwargs.get("fast_inference"):
         for name in VLLM_METHODS:
             setattr(model, name, functools.partial(_vllm_only, name))

@@ -12,7 +12,8 @@ float16 or bfloat16, else bfloat16 (what Unsloth writes on a GPU that has it); t
 model. "lora" writes the adapter. The tokenizer goes beside either, its padding on the left for inference, as
 Unsloth saves it. Everything is written and pushed by Transformers' and PEFT's `save_pretrained` and `push_to_hub`,
 so a smoke run's sandbox (smoke_sandbox) redirects the writes and skips the pushes. What needs Unsloth's own
-exporters (4-bit and FP8/FP4 merges, GGUF through llama.cpp, torchao) raises UsageError saying what to do instead.
+exporters (4-bit and FP8/FP4 merges, GGUF through llama.cpp) raises UsageError saying what to do instead;
+`save_pretrained_torchao` quantizes with torchao where it is installed (hf_torchao.py).
 """
 import copy
 import inspect
@@ -90,12 +91,11 @@ def push_to_hub_gguf(self, repo_id, tokenizer=None, quantization_method="fast_qu
 
 def save_pretrained_torchao(self, save_directory, tokenizer=None, torchao_config=None, push_to_hub=False,
                             token=None):
-    """Unsloth's `save_pretrained_torchao`: refused, with what to do."""
-    raise UsageError(
-        f"model.save_pretrained_torchao({save_directory!r}) quantizes the merged model with torchao through "
-        f"Unsloth's exporter, which {BACKEND} does not have. Save the merged model, {MERGE_FIRST}, then load "
-        "it with transformers' TorchAoConfig as quantization_config and save that; "
-        f"{ON_UNSLOTH}")
+    """Unsloth's `save_pretrained_torchao`: the model quantized with torchao (its QAT scheme's recipe, or
+    `torchao_config`) and saved or pushed, as hf_torchao.save_pretrained_torchao says."""
+    from nbddp.runtime.backends import hf_torchao
+
+    hf_torchao.save_pretrained_torchao(self, save_directory, tokenizer, torchao_config, push_to_hub, token)
 
 
 METHODS = {function.__name__: function for function in (
