@@ -19,7 +19,8 @@ DATASET_BUILDERS = frozenset({"csv", "json", "parquet", "text", "arrow", "pandas
                               "videofolder", "webdataset", "sql"})
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URL = re.compile(r"^https?://[^\s/]+/\S+$")  # a string that is a whole URL with a path: what a cell may fetch
-PIN = re.compile(r"(?<![\w-])(transformers|trl)==(\d[\w.]*)")  # in an install cell: `!pip install transformers==4.56.2`
+PINNED = ("transformers", "trl")  # the packages whose pins `pins` reads
+PIN = re.compile(rf"(?<![\w-])({'|'.join(PINNED)})==(\d[\w.]*)")  # in an install cell: `!pip install trl==0.22.2`
 
 
 @dataclasses.dataclass
@@ -50,6 +51,10 @@ class NotebookFacts:
         """The install cell pins Transformers 4.x or TRL 0.x: the notebook was written for the stack of
         requirements-notebooks.txt (TRL's config keywords changed most across its 1.0)."""
         return self.pins.get("transformers", "").startswith("4.") or self.pins.get("trl", "").startswith("0.")
+
+    def pins_all(self, pins: dict[str, str]) -> bool:
+        """The install cell pins each of `pins` (package -> version) to that version: the sweep's --stack fits."""
+        return all(self.pins.get(package) == version for package, version in pins.items())
 
     def mentions(self, text: str) -> bool:
         return any(text in string for string in self.strings)

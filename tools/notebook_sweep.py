@@ -11,6 +11,7 @@ training capped by NBDDP_MAX_STEPS. One line per notebook as it finishes, then t
 the same goes to RESULTS/summary.json and summary.md, with each run's stdout and stderr under RESULTS/logs/.
 """
 import argparse
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -30,13 +31,15 @@ from pathlib import Path
 from nbddp.errors import UsageError
 from tools import standin_datasets, standin_urls, standins
 from tools.categories import CATEGORIES, classify
-from tools.notebook_facts import read_facts
+from tools.notebook_facts import PINNED, read_facts
 from tools.sweep_report import Outcome, after_failed_download, first_error, merge, read, slug, table, write
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NOTEBOOKS = Path("/tmp/unb/nb")  # unslothai/notebooks' nb/ at bdda2efc on the machine this was written on
 COPIES = re.compile(r"^(AMD|Kaggle|Desktop)")  # per-platform copies of the other notebooks
 LOG_LIMIT = 200_000  # characters of each run's stdout and stderr kept in the results (the end of them)
+# A --stack value: "transformers==5.15.0 trl==0.22.2=PYTHON", pins (no `=` in a version) then `=` and the interpreter.
+STACK = re.compile(r"^\s*(?P<pins>(?:[\w.-]+==[^\s=]+\s+)*[\w.-]+==[^\s=]+)\s*=\s*(?P<python>\S.*?)\s*$")
 
 EPILOG = """\
 examples (from the repository root):
@@ -44,6 +47,7 @@ examples (from the repository root):
   python -m tools.notebook_sweep --only "Llama3.1_(8B)-Alpaca" "Qwen3_(4B)-GRPO"     # export and run just these
   python -m tools.notebook_sweep --run-all --nbddp-commit HEAD                     # every notebook, committed nbddp
   python -m tools.notebook_sweep --run-all --notebooks-python .venv-nb/bin/python  # each on the stack it pins
+  python -m tools.notebook_sweep --only "Muse_Glimmer_(30B)-GRPO" --stack "transformers==5.15.0 trl==1.9.2=VENV/python"
   python -m tools.notebook_sweep --only "Gemma3_(4B)-Vision" --update   # rerun one, keep the other results
 
 how long, on 2 CPU cores: all 177 exported and compiled with --sample 3 (26 runs) took 16 min; --run-all
@@ -63,10 +67,35 @@ unsloth_zoo: the GRPO notebooks that run model-written code do it through Unslot
 GPU, install it alone and put it on the path: pip install --no-deps --target DIR unsloth-zoo==2026.10.9, then
 PYTHONPATH=DIR python -m tools.notebook_sweep ... (the sweep's commands inherit PYTHONPATH).
 
+audio: the audio notebooks decode their datasets' WAVs with torchcodec, which needs FFmpeg's libraries; none is
+installed, so take the ones PyAV's wheel bundles. Unpack (python -m zipfile -e WHEEL DIR, no pip install) into
+CODEC: torchcodec==0.13.0 and av==16.1.0; into AUDIO: torchaudio==2.11.1 with its torchaudio/lib/*.so deleted
+(built for torch 2.11, they refuse 2.13; the pure-Python transforms.Resample is what the notebooks use), snac,
+soundfile, cffi, pycparser, einops, evaluate, jiwer, rapidfuzz. Link CODEC/av.libs' mangled libraries under their
+own names in FFMPEG (ln -s CODEC/av.libs/libavcodec-*.so.62 FFMPEG/libavcodec.so.62, and so for libavformat,
+libavutil, libavdevice, libavfilter, libswresample, libswscale), then
+PYTHONPATH=/tmp/zoo-site:AUDIO:CODEC LD_LIBRARY_PATH=FFMPEG:CODEC/av.libs python -m tools.notebook_sweep ...
+(the runs inherit both). Orpheus_(3B)-TTS pins datasets<4 and asks `"array" in row["audio"]`, which datasets 4's
+decoders fail: sweep it with DS3 first on PYTHONPATH, holding datasets==3.6.0 and librosa with lazy_loader, soxr,
+audioread, scipy, numba, llvmlite, joblib, threadpoolctl, cloudpickle, decorator, msgpack, pooch, standard-aifc,
+standard-sunau, standard-chunk (not scikit-learn: 1.9 wants narwhals, and TRL's import then fails). Whisper's
+pipeline() reads its .flac through the ffmpeg program (Debian's ffmpeg). Stand-ins: models/tiny-whisper,
+tiny-orpheus, tiny-csm; evaluate's "wer" metric and a tiny SNAC codec (tools/standin_datasets.py).
+
 --notebooks-python: most of the notebooks pin transformers==4.56.2 and trl==0.22.2 in the install cell that export
 drops, as a researcher running one has installed. With the interpreter of a virtual environment made from
 requirements-notebooks.txt, every notebook whose install cell pins Transformers 4.x or TRL 0.x exports and runs
 with it, the others with --python; the tables say which stack ran each.
+
+--stack "PINS=PYTHON" (repeatable): the interpreter for the notebooks whose install cell pins these versions, as
+--stack "transformers==5.15.0 trl==0.22.2=/tmp/venv-muse-a/bin/python" for the Muse Glimmer notebooks that pin
+both (a venv of requirements-notebooks.txt with those pins and a huggingface_hub that Transformers 5 takes). PINS
+are transformers and trl pins, the ones the sweep reads from an install cell (NotebookFacts.pins). A notebook
+matches a stack when each of the stack's pins equals the notebook's pin of that package (transformers==5.15.0
+alone matches every notebook pinning 5.15.0, whatever its trl); of the stacks a notebook matches, the one with the
+most pins runs it (on a tie, the first given), ahead of --notebooks-python and --python. The sweep refuses a
+stack whose interpreter has other versions than its pins; the tables name each notebook's stack by its pins and
+the summary's environment gives each stack's versions ("stack PINS").
 
 --gpu, on a CUDA host with Unsloth installed (README.md, "GPU install"): the same flow with the scripts'
 --backend unsloth (or --backend auto) on --nproc-per-node 1 or 2 GPUs, the GPUs left visible. Not run on the
@@ -114,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the interpreter that exports and runs (default: this one, %(default)s)")
     parser.add_argument("--notebooks-python", type=interpreter, metavar="PYTHON",
                         help="the interpreter for the notebooks that pin Transformers 4.x or TRL 0.x (see below)")
+    parser.add_argument("--stack", type=parse_stack, action="append", default=[], metavar="PINS=PYTHON",
+                        help="repeatable: the interpreter for the notebooks whose install cell pins all of PINS, "
+                             "e.g. \"transformers==5.15.0 trl==0.22.2=/tmp/venv/bin/python\" (see below)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/nbddp-sweep"),
                         help="where the notebooks' copies, scripts, stand-ins and outputs go (default: %(default)s)")
     parser.add_argument("--update", action="store_true",
@@ -132,6 +164,35 @@ def interpreter(value: str) -> str:
     return os.path.abspath(found)
 
 
+@dataclasses.dataclass
+class Stack:
+    """A --stack: the versions a notebook's install cell must pin (package -> version) and the interpreter."""
+    pins: dict[str, str]
+    python: str
+
+    @property
+    def name(self) -> str:
+        """How the tables name it: its pins, "transformers==5.15.0 trl==0.22.2"."""
+        return " ".join(f"{package}=={version}" for package, version in self.pins.items())
+
+
+def parse_stack(value: str) -> Stack:
+    """A --stack value "PACKAGE==VERSION ...=PYTHON" (transformers and trl pins only, each once)."""
+    found = STACK.match(value)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{value!r}: give the pins, then = and the interpreter that has them "
+                                         "installed, e.g. \"transformers==5.15.0 trl==0.22.2=/tmp/venv/bin/python\"")
+    pins = [pin.split("==") for pin in found["pins"].split()]
+    others = sorted({package for package, _ in pins} - set(PINNED))
+    if others:
+        raise argparse.ArgumentTypeError(f"{value!r}: {', '.join(others)}: the sweep matches only the "
+                                         f"{' and '.join(PINNED)} pins of a notebook's install cell")
+    twice = sorted({package for package, _ in pins if [p for p, _ in pins].count(package) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{value!r}: {', '.join(twice)} pinned twice; give each package once")
+    return Stack(dict(pins), interpreter(found["python"]))
+
+
 def sweep(args) -> int:
     notebooks = select_notebooks(args.notebooks, args.only)
     facts = {path: read_facts(path) for path in notebooks}
@@ -147,10 +208,10 @@ def sweep(args) -> int:
         shutil.rmtree(folder, ignore_errors=True)
     args.work.mkdir(parents=True, exist_ok=True)
     args.nbddp = snapshot(args.nbddp_commit, args.work) if args.nbddp_commit else REPO
+    environment = describe_environment(args)
     if to_run:
         print(f"building the stand-ins of the {len(to_run)} notebooks to run in {args.work}", flush=True)
     runner = Runner(args, results / "logs", [facts[path] for path in to_run]) if to_run else None
-    environment = describe_environment(args)
     commit = environment["nbddp"].split()[0]  # this run's, also when --update keeps the sweep's environment
     if previous:  # the sweep's environment as it was; the rerun's commit is on each notebook it ran
         environment = {**previous[0], "updated": f"{environment['date']}: {len(notebooks)} notebooks rerun with nbddp "
@@ -239,14 +300,22 @@ def sample(categories: dict[Path, str], per_category: int) -> list[Path]:
     return chosen
 
 
-def python_for(facts, args) -> str:
-    """--notebooks-python for a notebook that pins Transformers 4.x or TRL 0.x, when given; else --python."""
-    return args.notebooks_python if args.notebooks_python and facts.pins_old_stack() else args.python
+def stack_for(facts, args) -> tuple[str, str]:
+    """(the stack's name in the tables, its interpreter) for a notebook: of the --stack whose pins its install cell
+    all pins, the one with the most (the first given, on a tie); else --notebooks-python ("notebooks") for a
+    notebook that pins Transformers 4.x or TRL 0.x, when given; else --python ("main")."""
+    fitting = [stack for stack in args.stack if facts.pins_all(stack.pins)]
+    if fitting:
+        chosen = max(fitting, key=lambda stack: len(stack.pins))  # the first of the longest
+        return chosen.name, chosen.python
+    if args.notebooks_python and facts.pins_old_stack():
+        return "notebooks", args.notebooks_python
+    return "main", args.python
 
 
 def process(path: Path, category: str, facts, args, runner) -> Outcome:
-    python = python_for(facts, args)
-    outcome = Outcome(path.stem, category, stack="notebooks" if python != args.python else "main")
+    stack, python = stack_for(facts, args)
+    outcome = Outcome(path.stem, category, stack=stack)
     folder = args.work / slug(path.stem)
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
@@ -402,14 +471,37 @@ def progress_line(outcome: Outcome) -> str:
 
 
 def describe_environment(args) -> dict:
-    """When, what, where, how; the versions of each stack the sweep runs with ("versions", "notebooks' stack")."""
+    """When, what, where, how; the versions of each stack the sweep runs with ("versions", "notebooks' stack",
+    "stack PINS" for each --stack). UsageError for two --stack of the same pins, or one whose interpreter has other
+    versions than its pins."""
     described = _describe(args, args.python)
     if args.notebooks_python:
         described["notebooks' stack"] = _describe(args, args.notebooks_python)["versions"]
+    names = [stack.name for stack in args.stack]
+    if len(set(names)) < len(names):
+        twice = sorted({name for name in names if names.count(name) > 1})
+        raise UsageError(f"--stack {', '.join(map(repr, twice))} given twice; give each set of pins once, with the "
+                         "one interpreter that runs its notebooks")
+    for stack in args.stack:
+        versions = _versions(args, stack.python)
+        check_stack(stack, versions)
+        described[f"stack {stack.name}"] = ", ".join(f"{name} {version}" for name, version in versions.items()
+                                                     if name != "device")
     return described
 
 
-def _describe(args, python: str) -> dict:
+def check_stack(stack: Stack, versions: dict[str, str]) -> None:
+    """UsageError unless `versions` (installed package -> version) has each of the stack's pins."""
+    wrong = [f"{package} {versions.get(package, 'not installed')}, not {version}"
+             for package, version in stack.pins.items() if versions.get(package) != version]
+    if wrong:
+        raise UsageError(f"--stack \"{stack.name}={stack.python}\": {stack.python} has {'; '.join(wrong)}; give the "
+                         "interpreter of a virtual environment with exactly those pins installed")
+
+
+def _versions(args, python: str) -> dict[str, str]:
+    """The versions of torch, transformers, trl, peft, datasets (and unsloth, unsloth_zoo) that `python` imports,
+    and "device": what torch sees."""
     probe = ("import json, importlib.metadata as m, torch\n"
              "v = {p: m.version(p) for p in ('torch', 'transformers', 'trl', 'peft', 'datasets')}\n"
              "for p in ('unsloth', 'unsloth_zoo'):\n"
@@ -419,8 +511,12 @@ def _describe(args, python: str) -> dict:
              "if torch.cuda.is_available() else 'CPU'\n"
              "print(json.dumps(v))")
     environment = {} if args.gpu else {"CUDA_VISIBLE_DEVICES": ""}
-    versions = json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True,
-                                         env={**os.environ, **environment}).stdout)
+    return json.loads(subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True,
+                                     env={**os.environ, **environment}).stdout)
+
+
+def _describe(args, python: str) -> dict:
+    versions = _versions(args, python)
     device = versions.pop("device")
     if device == "CPU":
         device = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"

@@ -70,7 +70,7 @@ class Outcome:
     stage: str | None = None  # where it stopped: export, compile, standins, run
     error: str | None = None
     seconds: float = 0.0  # of the run
-    stack: str = "main"  # main: --python's; notebooks: --notebooks-python's (the notebook pins the old stack)
+    stack: str = "main"  # main: --python's; notebooks: --notebooks-python's; else the pins of the --stack that ran it
     nbddp: str = ""  # the commit it ran with
 
 

@@ -50,6 +50,16 @@ PATCHES = {
     "sft-max-seq-length": Patch(
         "trl.SFTConfig.__init__", "trl", "hf backend",
         "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (backends.trl_compat)"),
+    "trl-availability-flags": Patch(
+        "trl.import_utils._<package>_available", "trl", "hf backend",
+        "TRL 0.x caches Transformers' _is_package_available, a tuple (exists, None) since Transformers 5 and so true "
+        "without the package: TRL 0.22's GRPO trainer imports the absent vLLM; importing Unsloth makes them "
+        "booleans (unsloth/import_fixes.py), the fallback does the same (backends.trl_compat)"),
+    "trl-vision-mapping-name": Patch(
+        "transformers.models.auto.modeling_auto.MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "transformers", "hf backend",
+        "TRL 0.22's DPO trainer imports that name, which Transformers 5 renamed "
+        "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES; importing Unsloth puts the old name back (unsloth_zoo's "
+        "temporary patches), the fallback does the same (backends.trl_compat)"),
     "trl-moved-names": Patch(
         "trl.__getattr__", "trl", "every run",
         "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "

@@ -299,3 +299,33 @@ def test_a_text_column_named_by_dataset_text_field_wins_over_the_chats_beside_it
             {"args": SimpleNamespace(dataset_text_field="text", assistant_only_loss=True)}]
     for kwargs in kept:
         assert text_over_chats(dataset, kwargs).column_names == ["conversations", "text"], kwargs
+
+
+def test_trls_cached_availability_tuples_become_booleans(backend_patches_undone_after):
+    """TRL 0.22 under Transformers 5 caches `(False, None)` for an absent vLLM, which is true: the GRPO trainer
+    then imports vLLM. The flags become what they say; undo puts them back."""
+    import types
+
+    from nbddp.runtime.backends.trl_compat import coerce_availability_flags
+
+    import_utils = types.ModuleType("trl.import_utils")
+    import_utils._vllm_available, import_utils._requests_available = (False, None), (True, None)
+    import_utils._deepspeed_available, import_utils.is_vllm_available = False, lambda: import_utils._vllm_available
+    coerce_availability_flags(import_utils)
+    assert (import_utils.is_vllm_available(), import_utils._requests_available) == (False, True)
+    assert import_utils._deepspeed_available is False
+    patches.undo()
+    assert import_utils._vllm_available == (False, None)
+
+
+def test_transformers_5_gets_back_the_vision_mapping_name_trl_0_22_imports(backend_patches_undone_after):
+    import types
+
+    from nbddp.runtime.backends.trl_compat import alias_vision_mapping
+
+    modeling_auto = types.ModuleType("transformers.models.auto.modeling_auto")
+    renamed = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES = {"llava": "LlavaForConditionalGeneration"}
+    alias_vision_mapping(modeling_auto)
+    assert modeling_auto.MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES is renamed
+    patches.undo()
+    assert not hasattr(modeling_auto, "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES")

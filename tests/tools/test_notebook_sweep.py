@@ -1,10 +1,12 @@
 """tools/notebook_sweep.py: which notebooks it takes, which it runs, and one real sweep of two small notebooks."""
 import json
+import sys
 
 import pytest
 
 from nbddp.errors import UsageError
 from tools import notebook_sweep
+from tools.notebook_facts import read_facts
 from tools.notebook_sweep import sample, select_notebooks, slug
 
 ALPACA_CELLS = [
@@ -100,3 +102,48 @@ def test_sweep_runs_a_notebook_on_stand_ins_and_reports_a_failing_one(tmp_path, 
     assert (results / "logs" / "Tiny_Broken" / "run.stderr").is_file()
     markdown = (results / "summary.md").read_text()
     assert "| alpaca-sft | 1 | 1 | 1 | 1 | 1 |" in markdown and "| other | 1 | 1 | 1 | 1 | 0 |" in markdown
+
+
+def test_each_notebook_runs_on_the_stack_its_install_cell_pins(tmp_path):
+    """A --stack runs the notebooks whose install cell pins all its versions (the one with the most pins, when
+    several fit), before --notebooks-python (Transformers 4.x, TRL 0.x) and --python (the rest)."""
+    pythons = {}
+    for name in ("main", "nb", "muse-a", "muse-b", "muse"):
+        pythons[name] = tmp_path / name / "python"
+        pythons[name].parent.mkdir()
+        pythons[name].symlink_to(sys.executable)
+    args = notebook_sweep.build_parser().parse_args([
+        "--python", str(pythons["main"]), "--notebooks-python", str(pythons["nb"]),
+        "--stack", f"transformers==5.15.0={pythons['muse']}",
+        "--stack", f"transformers==5.15.0 trl==0.22.2={pythons['muse-a']}",
+        "--stack", f" transformers==5.15.0  trl==1.9.2 = {pythons['muse-b']}"])
+    installs = {"sft": "!pip install transformers==5.15.0\n!pip install --no-deps trl==0.22.2\n",
+                "grpo": "!pip install --no-deps trl==1.9.2\n!pip install transformers==5.15.0\n",
+                "trl-0.25": "!pip install transformers==5.15.0 trl==0.25.0\n",
+                "old": "!pip install transformers==4.56.2 trl==0.22.2\n", "new": "!pip install unsloth\n"}
+    chosen = {}
+    for name, install in installs.items():
+        write_notebook(tmp_path / f"{name}.ipynb", [install] + ALPACA_CELLS[1:])
+        chosen[name] = notebook_sweep.stack_for(read_facts(tmp_path / f"{name}.ipynb"), args)
+    assert chosen == {"sft": ("transformers==5.15.0 trl==0.22.2", str(pythons["muse-a"])),
+                      "grpo": ("transformers==5.15.0 trl==1.9.2", str(pythons["muse-b"])),
+                      "trl-0.25": ("transformers==5.15.0", str(pythons["muse"])),
+                      "old": ("notebooks", str(pythons["nb"])), "new": ("main", str(pythons["main"]))}
+
+
+@pytest.mark.parametrize("value, message", [
+    ("transformers==5.15.0", "give the pins, then = and"),
+    ("peft==0.21.2=python3", "peft: the sweep matches only"),
+    ("trl==0.22.2 trl==1.9.2=python3", "trl pinned twice"),
+    ("trl==0.22.2=/no/such/python", "no such interpreter")])
+def test_a_stack_flag_that_is_not_pins_and_an_interpreter_is_refused(value, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        notebook_sweep.build_parser().parse_args(["--stack", value])
+    assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_stack_whose_interpreter_has_other_versions_is_refused():
+    stack = notebook_sweep.parse_stack(f"transformers==5.15.0 trl==0.22.2={sys.executable}")
+    with pytest.raises(UsageError, match=r"has transformers 5\.17\.0, not 5\.15\.0"):
+        notebook_sweep.check_stack(stack, {"transformers": "5.17.0", "trl": "0.22.2"})
+    notebook_sweep.check_stack(stack, {"transformers": "5.15.0", "trl": "0.22.2", "torch": "2.13.0"})

@@ -56,6 +56,8 @@ def patch_trl() -> None:
     ORPOTrainer` a UsageError saying where TRL 1.x moved it. Patching twice is once."""
     import trl
 
+    coerce_availability_flags(_import("trl.import_utils"))
+    alias_vision_mapping(_import("transformers.models.auto.modeling_auto"))
     for module_name, trainer_name, config_name in TRAINERS:
         module = _import(module_name)
         if module is None or trainer_name not in dir(module):
@@ -65,6 +67,25 @@ def patch_trl() -> None:
         config_keywords.patch_config(config_class)
     patch_sft_config(trl.SFTConfig)
     refuse_moved_names(trl)
+
+
+def coerce_availability_flags(import_utils) -> None:
+    """Make the `_<package>_available` flags TRL cached in `import_utils` (trl.import_utils) booleans. TRL 0.x caches
+    Transformers' `_is_package_available(package)`, which Transformers 5 returns as `(exists, None)`: true also
+    without the package, so TRL 0.22's GRPO trainer imports vLLM, which is not there. Importing Unsloth makes them
+    booleans too (unsloth/import_fixes.py, `_coerce_trl_available_checks`)."""
+    for name, value in list(vars(import_utils).items()) if import_utils is not None else []:
+        if name.startswith("_") and name.endswith("_available") and isinstance(value, tuple):
+            patches.set_attribute("trl-availability-flags", import_utils, name, bool(value and value[0]))
+
+
+def alias_vision_mapping(modeling_auto) -> None:
+    """Give `modeling_auto` (transformers.models.auto.modeling_auto) back MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES, which
+    TRL 0.22's DPO trainer imports and Transformers 5 renamed MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES, as
+    importing Unsloth does (unsloth_zoo/temporary_patches/misc.py, `patch_trl_vision_model_mapping`)."""
+    renamed = getattr(modeling_auto, "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES", None)
+    if renamed is not None and not hasattr(modeling_auto, "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES"):
+        patches.set_attribute("trl-vision-mapping-name", modeling_auto, "MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", renamed)
 
 
 def patch_trainer(trainer_class, config_class) -> None:
