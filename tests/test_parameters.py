@@ -69,6 +69,7 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters(tmp_p
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
+        'strategy = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)',
         'workdir = "../notebooks"  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
     assert merged.origin == [
@@ -83,10 +84,12 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters(tmp_p
         None,
         None,
         None,
+        None,
     ]
     assert read_by_the_runtime(merged, tmp_path) == {
         "rows": "01_data.ipynb", "seed": "01_data.ipynb", "lr": "02_train.ipynb",
-        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "strategy": "nbddp",
+        "workdir": "nbddp"}
 
 
 def test_same_name_with_the_same_default_is_merged_once(tmp_path):
@@ -115,17 +118,19 @@ def test_equal_values_of_different_types_are_different_defaults():
         merge_parameters([parameters_cell("01_a.ipynb", 1, "x = 1"), parameters_cell("02_b.ipynb", 1, "x = 1.0")])
 
 
-def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_and_workdir(tmp_path):
+def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_strategy_and_workdir(tmp_path):
     merged = merge_parameters([])
     assert merged.source.splitlines() == [
         "# nbddp",
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
+        'strategy = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)',
         'workdir = "."  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
     assert read_by_the_runtime(merged, tmp_path) == {
-        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "strategy": "nbddp",
+        "workdir": "nbddp"}
 
 
 def test_the_runtime_reads_multi_line_defaults_and_takes_no_comment_of_the_author_for_a_notebook(tmp_path):
@@ -136,7 +141,8 @@ def test_the_runtime_reads_multi_line_defaults_and_takes_no_comment_of_the_autho
     ])
     assert read_by_the_runtime(merged, tmp_path) == {
         "names": "01_data.ipynb", "rows": "01_data.ipynb", "lr": "02_train.ipynb",
-        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "workdir": "nbddp"}
+        "backend": "nbddp", "resume": "nbddp", "batch_layout": "nbddp", "strategy": "nbddp",
+        "workdir": "nbddp"}
 
 
 def test_the_runtime_reads_no_parameters_without_a_script_or_a_parameters_cell(tmp_path):

@@ -7,8 +7,9 @@ BACKEND = "backend"  # auto | unsloth | hf (runtime.backends)
 RESUME = "resume"  # trainer.train() continues from the last complete checkpoint in output_dir
 BATCH_LAYOUT = "batch_layout"  # how N processes share the notebook's batch (runtime.batch_plan)
 WORKDIR = "workdir"  # where the cells run, from the script's folder (runtime.working_directory)
+STRATEGY = "strategy"  # ddp | fsdp: a whole model per GPU, or sharded across them (runtime.trainer.fsdp)
 
-NBDDP_PARAMETERS = {name: "nbddp" for name in (BACKEND, RESUME, BATCH_LAYOUT, WORKDIR)}  # name -> "defined in"
+NBDDP_PARAMETERS = {name: "nbddp" for name in (BACKEND, RESUME, BATCH_LAYOUT, STRATEGY, WORKDIR)}  # name -> "defined in"
 
 # Appended after the stages' parameters; `{workdir}`: the notebooks' folder from the script's, as a JSON string.
 NBDDP_PARAMETER_LINES = (
@@ -16,5 +17,6 @@ NBDDP_PARAMETER_LINES = (
     f'{BACKEND} = "auto"  # auto | unsloth | hf',
     f"{RESUME} = False  # continue from the last complete checkpoint in output_dir",
     f'{BATCH_LAYOUT} = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
+    f'{STRATEGY} = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)',
     f"{WORKDIR} = {{workdir}}  # where the cells run, from this script's folder: the notebooks', as in Jupyter",
 )

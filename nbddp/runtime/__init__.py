@@ -24,7 +24,7 @@ import sys
 from nbddp import log
 from nbddp.errors import NbddpError
 from nbddp.runtime.inputs.flags import apply_flags, defined_in, running_in_kernel
-from nbddp.formats.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, WORKDIR
+from nbddp.formats.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, STRATEGY, WORKDIR
 
 __all__ = ["setup"]
 
@@ -56,7 +56,7 @@ sys.meta_path.append(_MovedModules())
 
 
 def setup(namespace: dict | None = None, *, backend: str = "auto", script: str | None = None, resume: bool = False,
-          batch_layout="notebook", workdir: str = ""):
+          batch_layout="notebook", strategy="ddp", workdir: str = ""):
     """Prepare this process for the notebooks' code and return its `DistributedContext`.
 
     `namespace`: a generated script's globals, right after its parameters cell: its flags are applied to them
@@ -67,15 +67,19 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     `resume`: `trainer.train()` continues from the newest complete checkpoint (see
     `DistributedContext.checkpoint_to_resume`); a worker torchrun restarted resumes without being asked.
     `batch_layout`: how the processes share the notebook's batch (`batch_plan`).
+    `strategy`: "ddp", or "fsdp" to shard the model across the GPUs (`trainer.fsdp`; the hf backend).
     """
     if namespace is not None:
         script = namespace.get("__file__")
         apply_flags(namespace, defined_in(script))
-        backend, resume, batch_layout, workdir = (namespace.get(name, default) for name, default in (
-            (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (WORKDIR, workdir)))
+        backend, resume, batch_layout, strategy, workdir = (namespace.get(name, default) for name, default in (
+            (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (STRATEGY, strategy),
+            (WORKDIR, workdir)))
     from nbddp.runtime import backends, patches, working_directory
     from nbddp.runtime.inputs import training_overrides
     from nbddp.runtime.reporting import heartbeat, script_display, tracebacks
+    from nbddp.runtime.trainer import fsdp
+    import torch
     from nbddp.runtime.context import init_distributed
 
     script_mode = not running_in_kernel()
@@ -85,7 +89,10 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         patches.set_attribute("notebook-display", builtins, "display", script_display.display)
     try:
         started_in = working_directory.enter(workdir, script)
+        strategy, backend = fsdp.choose(strategy, backend, torch.cuda.is_available())
         chosen, reason = backends.choose(backend)
+        if strategy == "fsdp":
+            reason = "--strategy fsdp: Unsloth's kernels do not shard, so Transformers+PEFT"
         ddp = init_distributed(resume, batch_layout)
         heartbeat.start(ddp.rank)  # under `pipeline.py launch`, which names a rank that stops beating as hung
         backends.activate(chosen)
@@ -101,7 +108,8 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     training_checkpoints.register()
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
-        log.info(f"nbddp: backend={chosen} ({reason}) world_size={ddp.world_size} device={ddp.device}")
+        log.info(f"nbddp: backend={chosen} ({reason}) strategy={strategy} world_size={ddp.world_size} "
+                 f"device={ddp.device}")
         patches.announce()
     else:
         _no_progress_bars()

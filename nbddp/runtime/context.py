@@ -24,6 +24,7 @@ from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.runtime import patches, smoke_sandbox, started_processes
 from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.trainer import fsdp
 from nbddp.runtime.inputs.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
@@ -169,8 +170,8 @@ class DistributedContext:
     def training_args(self, config_class):
         """For a notebook's `SFTConfig(...)` (any TrainingArguments-family config), which export writes as
         `ddp.training_args(SFTConfig)(...)`: the config built with the `--set` overrides (training_overrides) and
-        the batch laid out for this run's processes (batch_plan, `--batch_layout`), bf16 off on a CPU unless given;
-        rank 0 prints the layout."""
+        the batch laid out for this run's processes (batch_plan, `--batch_layout`), bf16 off on a CPU unless given,
+        FSDP set under `--strategy fsdp` (trainer.fsdp); rank 0 prints the layout."""
 
         @functools.wraps(config_class)
         def build(*args, **kwargs):
@@ -191,6 +192,8 @@ class DistributedContext:
             if problem:
                 raise UsageError(f"{config_class.__name__}: {problem}")
             kwargs.update(per_device_train_batch_size=plan.micro_batch, gradient_accumulation_steps=plan.accumulation_here)
+            if fsdp.active():
+                kwargs = fsdp.training_kwargs(kwargs)
             config = config_class(*args, **kwargs)
             config.nbddp_batch_plan = plan  # read by fuller_batch (auto) and MetricsCallback (metrics.jsonl)
             batch_plan.remember(plan)
@@ -345,7 +348,8 @@ def init_distributed(resume=False, batch_layout="notebook") -> DistributedContex
             f"use torchrun --nproc_per_node {torch.cuda.device_count()} or fewer"
         )
     timeout = process_group_timeout()  # checked on one process too: a smoke run finds a bad NBDDP_TIMEOUT_S
-    if world_size > 1 and not dist.is_initialized():
+    # FSDP shards over a process group, which torchrun's one process gets too (`--strategy fsdp` on one GPU)
+    if (world_size > 1 or (fsdp.active() and "LOCAL_RANK" in os.environ)) and not dist.is_initialized():
         if on_gpu:
             # Before anything touches CUDA, so no rank opens a context on GPU 0 by accident.
             torch.cuda.set_device(device)

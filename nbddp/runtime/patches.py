@@ -30,7 +30,7 @@ __all__ = ["PATCHES", "TESTED", "wrap", "set_attribute", "set_item", "append", "
 class Patch:
     target: str  # what is changed
     library: str  # the distribution that defines it ("python": the interpreter's own globals)
-    when: str  # "hf backend", "unsloth backend", "every run", "a script", "CPU runs", "smoke runs"
+    when: str  # "hf backend", "unsloth backend", "every run", "a script", "CPU runs", "smoke runs", "--strategy fsdp"
     why: str
 
 
@@ -64,6 +64,13 @@ PATCHES = {
         "trl.__getattr__", "trl", "every run",
         "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "
         "(backends.trl_compat)"),
+    "fsdp-gather-adapter": Patch(
+        "transformers.trainer.DEFAULT_CALLBACKS", "transformers", "--strategy fsdp",
+        "the notebook's save_pretrained runs on the main process alone and cannot gather FSDP's shards: every rank "
+        "gathers the LoRA weights at the end of training (trainer.fsdp)"),
+    "fsdp-gathered-save": Patch(
+        "peft.PeftModel.save_pretrained", "peft", "--strategy fsdp",
+        "writes those gathered weights rather than this rank's shards (trainer.fsdp)"),
     "unsloth-fallback-module": Patch(
         'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"], '
         '["unsloth_zoo.utils"]', "python",

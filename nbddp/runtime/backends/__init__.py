@@ -76,11 +76,12 @@ def _patch_trainer() -> None:
     """Trainers honour and check the gradient checkpointing the notebook chose (see `memory.gradient_checkpointing`),
     lay out the batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
     one process's (see `eval_loss`), a multimodal model's unused tower adapters do not stop DDP (see
-    `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`)."""
+    `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`), with the
+    gathering of an FSDP model's adapter under `--strategy fsdp` (see `fsdp`)."""
     from transformers import Trainer
 
     from nbddp.runtime.memory import fuller_batch
-    from nbddp.runtime.trainer import unused_parameters
+    from nbddp.runtime.trainer import fsdp, unused_parameters
     from nbddp.runtime.trainer.eval_loss import patch_evaluation_loop
     from nbddp.runtime.trainer.trainer_patches import register_callbacks
 
@@ -89,6 +90,8 @@ def _patch_trainer() -> None:
     patch_evaluation_loop(Trainer)
     unused_parameters.patch_trainer(Trainer)
     register_callbacks()
+    if fsdp.active():
+        fsdp.install()
 
 
 def _unsloth_installed() -> bool:

@@ -35,6 +35,7 @@ from nbddp.runtime.backends import hf_chat_templates as chat_templates
 from nbddp.runtime.backends import hf_rl_environments, hf_saving, hf_torchao
 from nbddp.runtime.inputs.models import require_model
 from nbddp.runtime.memory.gradient_checkpointing import peft_mode
+from nbddp.runtime.trainer import fsdp
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -360,14 +361,20 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     dtype = _resolve_dtype(dtype)
     options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
     if (load_in_4bit or load_in_8bit) and not full_finetuning:
+        if fsdp.active():
+            fsdp.refuse_quantized(model_name, 4 if load_in_4bit else 8)
         quantization = _quantization_config(load_in_4bit, dtype)
         if quantization is not None:
             options["quantization_config"] = quantization
-    if device_map is None and torch.cuda.is_available():
+    if fsdp.active():
+        device_map = None  # the whole model in CPU memory; accelerate puts each rank's shards on its GPU
+    elif device_map is None and torch.cuda.is_available():
         device_map = {"": torch.cuda.current_device()}
     model = model_class.from_pretrained(
         model_name, dtype=dtype, device_map=device_map, token=token, trust_remote_code=trust_remote_code, **options
     )
+    if fsdp.active():
+        fsdp.remember_model(model)
     processor = processor_class.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
     tokenizer = getattr(processor, "tokenizer", processor)
     if tokenizer.pad_token is None:
