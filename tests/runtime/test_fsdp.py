@@ -78,6 +78,17 @@ def test_the_training_arguments_take_them(strategy_restored, monkeypatch):
     assert arguments.fsdp and arguments.fsdp_config["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]
 
 
+def test_generation_after_sharded_training_says_why_instead_of_waiting():
+    class Model:
+        def generate(self, **kwargs):
+            return "tokens"
+
+    model = Model()
+    fsdp.refuse_lone_generation(model)
+    with pytest.raises(UsageError, match=r"model\.generate\(\) after training under --strategy fsdp on several GPUs"):
+        model.generate(max_new_tokens=8)
+
+
 WORKER = textwrap.dedent('''
     import json, os, sys
     import torch, torch.distributed as dist
@@ -103,7 +114,8 @@ WORKER = textwrap.dedent('''
     fsdp.install()
     from transformers import TrainerState
     state = TrainerState(is_world_process_zero=rank == 0)
-    fsdp.gather_adapter_class()().on_train_end(None, state, None, model=model)
+    from types import SimpleNamespace
+    fsdp.gather_adapter_class()().on_train_end(SimpleNamespace(world_size=2), state, None, model=model)
     if rank == 0:
         model.save_pretrained(out)
         with torch.no_grad():

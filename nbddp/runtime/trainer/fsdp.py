@@ -11,7 +11,8 @@ trained (see the commit that added this module).
 Saves: Trainer's own checkpoints are FSDP-aware. The notebook's `model.save_pretrained(...)`, which export guards
 to the main process, cannot gather the shards alone (a gather is a collective of every rank), so at the end of
 training every rank gathers the trainable (LoRA) weights, small beside the model, and the main process's
-`save_pretrained` writes those (`install`): one adapter that plain PEFT loads.
+`save_pretrained` writes those (`install`): one adapter that plain PEFT loads. Generation after training on
+several GPUs is refused (`refuse_lone_generation`): it would run on the main process alone.
 
 accelerate runs FSDP only on GPUs (its state.py sets DistributedType.FSDP in the CUDA-like branch alone): on CPU
 processes Trainer would train plain DDP without a word, so `--strategy fsdp` without CUDA is refused. A smoke run
@@ -138,8 +139,22 @@ def gather_adapter_class():
                 return
             gathered = gather_trainable(model)
             peft_model.nbddp_gathered = gathered if state.is_world_process_zero else None
+            if args.world_size > 1:
+                refuse_lone_generation(peft_model)
 
     return GatherAdapter
+
+
+def refuse_lone_generation(peft_model) -> None:
+    """`peft_model.generate` raises a UsageError: export runs inference cells on the main process alone, and the
+    model's shards are on every rank, so its first all-gather would wait forever for the others."""
+    def generate(*args, **kwargs):
+        raise UsageError("model.generate() after training under --strategy fsdp on several GPUs: the cell runs on the "
+                         "main process alone and the model is sharded across every rank, so it would wait forever; "
+                         "load the saved adapter in a single process to generate (e.g. a notebook-only cell), or "
+                         "train with --strategy ddp")
+
+    peft_model.generate = generate
 
 
 def _saves_gathered(original):
