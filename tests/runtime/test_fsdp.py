@@ -19,7 +19,7 @@ from nbddp.runtime.trainer import fsdp
 @pytest.fixture
 def strategy_restored():
     yield
-    fsdp._chosen.update(strategy="ddp", layers=())
+    fsdp._chosen.update(strategy="ddp", layers=(), noted=False)
 
 
 def test_ddp_keeps_the_backend_and_fsdp_takes_the_fallback(strategy_restored):
@@ -67,8 +67,14 @@ def test_a_quantized_model_is_refused_saying_why(strategy_restored):
 
 def test_the_training_arguments_take_them(strategy_restored, monkeypatch):
     """The keywords are ones this Transformers' TrainingArguments accepts and turns into accelerate's plugin."""
+    import os
+
     import torch.distributed as dist
     from transformers import TrainingArguments
+
+    # Transformers 4.x tells accelerate through os.environ (ACCELERATE_USE_FSDP, FSDP_*): later trainers in this
+    # process, and the processes tests start, would then look for a GPU
+    monkeypatch.setattr(os, "environ", dict(os.environ))
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # under torchrun
 

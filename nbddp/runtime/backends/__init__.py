@@ -76,8 +76,8 @@ def _patch_trainer() -> None:
     """Trainers honour and check the gradient checkpointing the notebook chose (see `memory.gradient_checkpointing`),
     lay out the batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
     one process's (see `eval_loss`), a multimodal model's unused tower adapters do not stop DDP (see
-    `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`), with the
-    gathering of an FSDP model's adapter under `--strategy fsdp` (see `fsdp`)."""
+    `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`),
+    with the gathering of an FSDP model's adapter under `--strategy fsdp` (see `fsdp`)."""
     from transformers import Trainer
 
     from nbddp.runtime.memory import fuller_batch

@@ -25,10 +25,11 @@ from nbddp.errors import UsageError
 from nbddp.runtime import patches
 
 STRATEGIES = ("ddp", "fsdp")
-_chosen = {"strategy": "ddp", "layers": ()}  # this process's choice, and the loaded model's decoder layers
+# this process's choice, the loaded model's decoder layers, whether the smoke run's note was printed
+_chosen = {"strategy": "ddp", "layers": (), "noted": False}
 
 
-def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str | None]:
+def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
     """`(strategy, backend)` for this run: the backend "hf" (with FSDP) or as requested (DDP); UsageError for a
     strategy that is not one, FSDP without CUDA, or FSDP with `--backend unsloth`."""
     if requested not in STRATEGIES:
@@ -73,7 +74,7 @@ def training_kwargs(kwargs: dict) -> dict:
     import torch.distributed as dist
 
     if not dist.is_initialized():  # a smoke run: one process outside torchrun, where Trainer refuses FSDP
-        if not _chosen.get("noted"):
+        if not _chosen["noted"]:
             _chosen["noted"] = True
             log.info("nbddp: --strategy fsdp: one process outside torchrun (a smoke run) has nothing to shard; its "
                      "trainer runs as the notebook wrote it")
@@ -83,8 +84,8 @@ def training_kwargs(kwargs: dict) -> dict:
         config["transformer_layer_cls_to_wrap"] = list(_chosen["layers"])
     kwargs = {"fsdp": "full_shard auto_wrap", "fsdp_config": config, **kwargs}
     if kwargs.get("gradient_checkpointing"):
-        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False, **(kwargs.get("gradient_checkpointing_kwargs")
-                                                                               or {})}
+        given = kwargs.get("gradient_checkpointing_kwargs") or {}
+        kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False, **given}
     return kwargs
 
 
@@ -117,8 +118,8 @@ def is_sharded(model) -> bool:
 
 
 def install() -> None:
-    """Every Trainer gets a `GatherAdapter` (`gather_adapter_class`) and `PeftModel.save_pretrained` writes what it gathered (see the module's
-    docstring); installing twice is once."""
+    """Every Trainer gets a `GatherAdapter` (`gather_adapter_class`) and `PeftModel.save_pretrained` writes what it
+    gathered (see the module's docstring); installing twice is once."""
     from peft import PeftModel
     from transformers import trainer as transformers_trainer
 
@@ -128,8 +129,9 @@ def install() -> None:
 
 @functools.cache
 def gather_adapter_class():
-    """`GatherAdapter`, made once transformers may be imported: a TrainerCallback that, at the end of training, gathers the trainable weights of an FSDP-managed model onto
-    the main process's PeftModel (`nbddp_gathered`), which its `save_pretrained` then writes."""
+    """`GatherAdapter`, made once transformers may be imported: a TrainerCallback that, at the end of training,
+    gathers the trainable weights of an FSDP-managed model onto the main process's PeftModel (`nbddp_gathered`),
+    which its `save_pretrained` then writes."""
     from transformers import TrainerCallback
 
     class GatherAdapter(TrainerCallback):
