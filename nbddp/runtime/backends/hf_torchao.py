@@ -24,6 +24,7 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
+from nbddp import log
 from nbddp.errors import UsageError
 
 TORCHAO = "torchao==0.18.0"  # what Unsloth's GPU site installs; it runs on torch 2.13's CPU build too
@@ -217,14 +218,14 @@ def _write_executorch_config(directory, model_type):
     settings = ("quantization.qmode=8da4w quantization.group_size=32 quantization.use_hqq=false "
                 'quantization.embedding_quantize="8,0"')
     if model_type not in EXECUTORCH_MODEL_TYPES:
-        print(f"nbddp: ExecuTorch's export_llm does not take model type {model_type!r}; export with "
-              f"optimum-executorch (XNNPACK) using {settings}, to match this QAT recipe")
+        log.info(f"nbddp: ExecuTorch's export_llm does not take model type {model_type!r}; export with "
+                 f"optimum-executorch (XNNPACK) using {settings}, to match this QAT recipe")
         return
     path = os.path.join(directory, EXECUTORCH_CONFIG)
     with open(smoke_sandbox.redirected(path), "w", encoding="utf-8") as file:
         file.write(EXECUTORCH_YAML)
-    print(f"nbddp: for ExecuTorch, export with export_llm using {settings} (its defaults, group_size 128 with HQQ, "
-          f"do not match this QAT recipe); config written to {path}")
+    log.info(f"nbddp: for ExecuTorch, export with export_llm using {settings} (its defaults, group_size 128 with "
+             f"HQQ, do not match this QAT recipe); config written to {path}")
 
 
 EXECUTORCH_YAML = """\
