@@ -205,3 +205,19 @@ def test_a_known_ddp_cause_gets_a_line_saying_what_to_do(tmp_path):
         raise RuntimeError("something else")
     except RuntimeError as error:
         assert "nbddp: hint" not in tracebacks.format_report(type(error), error, error.__traceback__, "train.py")
+
+
+def test_a_missing_package_gets_a_line_saying_where_to_install_it(tmp_path):
+    try:
+        import nbddp_no_such_package  # noqa: F401
+    except ModuleNotFoundError as error:
+        report = tracebacks.format_report(type(error), error, error.__traceback__, str(tmp_path / "train.py"))
+    assert report.splitlines()[-1].startswith("nbddp: hint: `nbddp_no_such_package` is not installed where this script")
+    assert "export leaves out" in report
+    try:
+        import vllm.sampling_params  # noqa: F401  (not installed on the CPU stacks)
+    except ModuleNotFoundError as error:
+        report = tracebacks.format_report(type(error), error, error.__traceback__, str(tmp_path / "train.py"))
+    assert "runs on CUDA GPUs only: pip install vllm on a GPU host" in report.splitlines()[-1]
+    error = ImportError("cannot import name 'x'")  # an installed package without the name: no install hint
+    assert "nbddp: hint" not in tracebacks.format_report(type(error), error, None, "train.py")

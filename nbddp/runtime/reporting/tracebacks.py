@@ -12,7 +12,8 @@ exits with the error's status (2):
     nbddp: error: data/x.jsonl row 17: missing "output"
       generated/train.py line 61 comes from notebooks/01_data_prep.ipynb, cell 9, line 3
 
-An error whose cause under DDP is known gets a line saying what to do (`HINTS`):
+An error whose cause under DDP is known gets a line saying what to do (`HINTS`), and so does a missing package
+(`missing_module_hint`: export leaves out the notebook's `!pip install` cell):
 
     nbddp: hint: under DDP every trainable parameter must get a gradient in every step; ...
 
@@ -39,6 +40,26 @@ HINTS = (
      "get_peft_model's target_modules, or let DDP look for them in every step (--set "
      "ddp_find_unused_parameters=true; slower, and re-entrant gradient checkpointing may refuse it)"),
 )
+
+
+# Import names of packages that run on CUDA GPUs alone, and what the notebook asked of them.
+GPU_ONLY = {"vllm": "vLLM (Unsloth's fast_inference=True, TRL's use_vllm, vllm.SamplingParams for "
+                    "vllm_sampling_params)"}
+
+
+def missing_module_hint(exc) -> str | None:
+    """What to do about a ModuleNotFoundError: install the package where the script runs (a notebook installs its
+    packages in a `!pip install` cell, which export leaves out), or, for a GPU-only one, where it can run."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    package = exc.name.split(".")[0]
+    if package in GPU_ONLY:
+        return (f"{GPU_ONLY[package]} runs on CUDA GPUs only: pip install {package} on a GPU host that runs "
+                f"Unsloth; without one, leave the notebook's {package} lines out (fast_inference=False, no "
+                f"{package} import)")
+    return (f"`{package}` is not installed where this script runs. The notebook's install cell (`!pip install ...`), "
+            f"which export leaves out of the script, may have installed it: pip install it in this environment "
+            f"(its name on PyPI can differ from `{package}`)")
 
 
 _started_in = [None]  # the working directory `install` found, before `runtime.setup` changed it
@@ -86,7 +107,8 @@ def format_report(exc_type, exc, tb, script: str) -> str:
         origin_line = _origin_line(tb, script)
         if origin_line:
             lines.append(origin_line + "\n")
-        lines += [f"nbddp: hint: {hint}\n" for text, hint in HINTS if text in str(exc)]
+        hints = [hint for text, hint in HINTS if text in str(exc)] + [missing_module_hint(exc)]
+        lines += [f"nbddp: hint: {hint}\n" for hint in hints if hint]
         text = "".join(lines)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         prefix = f"[rank {os.environ.get('RANK', '?')}] "
