@@ -137,12 +137,14 @@ class DistributedContext:
         (started_processes)."""
         return started_processes.start_once(start, self._once)
 
-    def device_properties(self):
+    def device_properties(self, device=None):
         """For a notebook's `torch.cuda.get_device_properties(0)`: this rank's GPU; on the CPU a stand-in with the
         fields memory-stats cells read, `name` and `total_memory` (the host's memory), so such a cell runs there
-        (`torch.cuda.max_memory_reserved()` is 0 without CUDA)."""
+        (`torch.cuda.max_memory_reserved()` is 0 without CUDA). With `device` (a notebook's
+        `get_device_properties(i)` over `range(torch.cuda.device_count())`): that GPU, as the notebook asks torch,
+        and the same stand-in on the CPU."""
         if self.on_gpu:
-            return torch.cuda.get_device_properties(self.device)
+            return torch.cuda.get_device_properties(self.device if device is None else device)
         return CpuProperties("CPU (no GPU)", os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
     def max_steps(self, steps):

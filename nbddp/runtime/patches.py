@@ -73,7 +73,7 @@ PATCHES = {
         "writes those gathered weights rather than this rank's shards (trainer.fsdp)"),
     "unsloth-fallback-module": Patch(
         'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"], '
-        '["unsloth_zoo.utils"]', "python",
+        '["unsloth_zoo.utils"], ["unsloth_zoo"]', "python",
         "hf backend",
         "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
         "(backends)"),

@@ -64,6 +64,19 @@ def test_splitting_device_maps_are_replaced(written):
     ]
 
 
+@pytest.mark.parametrize("written", ['"unsloth"', "'unsloth_balanced'"])
+def test_unsloths_planned_device_maps_are_replaced(written):
+    # As Muse_Glimmer_(30B)-GRPO of unslothai/notebooks loads its model: Transformers (--backend hf) refused
+    # "unsloth" ("the value needs to be a device name ... or 'auto'"), and Unsloth declines it under torchrun.
+    changes = assert_rewrites(
+        InjectDeviceMap,
+        f"model, tokenizer = FastModel.from_pretrained(name, device_map = {written}, offload_embedding = True)\n",
+        "model, tokenizer = FastModel.from_pretrained(name, device_map = ddp.device_map(), offload_embedding = True)\n",
+    )
+    assert changes == [(1, f"replaced device_map={written} (Unsloth's planner splits the model across GPUs; under "
+                           "torchrun each rank must hold its own copy)")]
+
+
 @pytest.mark.parametrize("written", ["0", '"cuda"', '"cuda:0"', '{"": 0}', "{'': 'cuda:0'}"])
 def test_first_gpu_device_maps_are_replaced(written):
     changes = assert_rewrites(

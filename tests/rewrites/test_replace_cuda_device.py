@@ -75,10 +75,32 @@ def test_other_devices_are_the_authors_choice():
         v = torch.zeros(3, device="cpu")
         u = model.to(torch.bfloat16)
         ok = torch.cuda.is_available()
-        memory = [torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())]
-        second = torch.cuda.get_device_properties(1)
         """,
     )
+
+
+def test_device_properties_of_another_device_keep_it_and_run_on_the_cpu():
+    # As Muse_Glimmer_(30B)-GRPO of unslothai/notebooks sizes its run: on GPUs each index is the one written, and
+    # without a GPU (device_count() is 0, so i is 0) it raised "Torch not compiled with CUDA enabled".
+    changes = assert_rewrites(
+        ReplaceCudaDevice,
+        """        _n    = max(torch.cuda.device_count(), 1)
+        _gib  = min(torch.cuda.get_device_properties(i).total_memory
+                    for i in range(_n)) / 2**30
+        second = torch.cuda.get_device_properties(device="cuda:1")
+        """,
+        """        _n    = max(torch.cuda.device_count(), 1)
+        _gib  = min(ddp.device_properties(i).total_memory
+                    for i in range(_n)) / 2**30
+        second = ddp.device_properties(device="cuda:1")
+        """,
+    )
+    assert changes == [
+        (2, "replaced torch.cuda.get_device_properties(i) with ddp.device_properties(i) (that GPU; the CPU "
+            "without one)"),
+        (4, 'replaced torch.cuda.get_device_properties(device="cuda:1") with ddp.device_properties(device="cuda:1") '
+            "(that GPU; the CPU without one)"),
+    ]
 
 
 def test_the_memory_stats_cell_of_unsloths_notebooks_reads_this_ranks_device():

@@ -79,7 +79,27 @@ def test_hf_gives_unsloth_zoos_utils_without_its_init(monkeypatch, tmp_path, bac
 
     assert Version("0.22.2") < Version("0.24.0")
     assert sys.modules["unsloth_zoo.utils"].__file__ == str(package / "utils.py")
-    assert "unsloth_zoo" not in sys.modules  # the package's __init__ never ran
+    assert not hasattr(sys.modules["unsloth_zoo"], "__file__")  # the bare package: its __init__ never ran
+
+
+def test_hf_gives_unsloth_zoos_modules_that_import_their_siblings(monkeypatch, tmp_path, backend_patches_undone_after):
+    # Muse_Glimmer_(30B)-GRPO: `from unsloth_zoo.rl_replacements import _maybe_compile, torch_compile_options`,
+    # whose file imports its siblings; through the package, whose __init__ refused: "Please install Unsloth".
+    package = tmp_path / "unsloth_zoo"
+    package.mkdir()
+    (package / "__init__.py").write_text('raise ImportError("Please install Unsloth via `pip install unsloth`!")\n')
+    (package / "common.py").write_text("def _maybe_compile(**options):\n    return lambda function: function\n")
+    (package / "rl_replacements.py").write_text("from .common import _maybe_compile\nRL_REPLACEMENTS = {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("unsloth_zoo", "unsloth_zoo.utils", "unsloth_zoo.common", "unsloth_zoo.rl_replacements"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    backends.activate("hf")
+    import unsloth_zoo.rl_replacements as rl
+
+    assert rl.__file__ == str(package / "rl_replacements.py") and rl.RL_REPLACEMENTS == {}
+    assert rl._maybe_compile(dynamic=True)(len) is len
+    for name in ("unsloth_zoo.common", "unsloth_zoo.rl_replacements"):
+        del sys.modules[name]  # not the patch's to undo
 
 
 def test_installed_fallback_does_not_count_as_unsloth(machine, monkeypatch):

@@ -221,6 +221,11 @@ def test_device_properties_on_a_gpu_are_its_own(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: asked.append(device) or "props")
     ddp = DistributedContext(rank=1, local_rank=1, world_size=2, device=torch.device("cuda", 1))
     assert ddp.device_properties() == "props" and asked == [torch.device("cuda", 1)]
+    assert ddp.device_properties(0) == "props" and asked[1:] == [0]  # a device the notebook names, as written
+
+
+def test_device_properties_of_any_device_on_cpu_are_the_stand_in(single_process):
+    assert single_process.device_properties(1) == single_process.device_properties()
 
 
 @pytest.mark.parametrize("cap, steps, expected", [(None, 60, 60), ("3", 60, 3), ("3", -1, 3), ("100", 60, 60),

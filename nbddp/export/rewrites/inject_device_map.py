@@ -3,8 +3,10 @@
 Under torchrun every rank holds a whole model; `device_map="auto"` would split one model across all
 GPUs and `0`/`"cuda"` would put every rank on GPU 0. Matched loaders: `X.from_pretrained(...)` where X
 is `FastLanguageModel`, `FastModel`, `FastVisionModel`, `AutoModel*`, `AutoPeftModel*`, `*ForCausalLM`
-or `*ForConditionalGeneration`. Tokenizers and processors are not models and are left alone. A notebook's own
-per-rank map (`{"": int(os.environ["LOCAL_RANK"])}`, `{"": local_rank}`) is right on GPUs and is kept, with a note.
+or `*ForConditionalGeneration`. Replaced: the maps that split a model (`"auto"`, `"sequential"`, Unsloth's
+`"unsloth"` planner, ...) and those that put it on GPU 0. Tokenizers and processors are not models and are left
+alone. A notebook's own per-rank map (`{"": int(os.environ["LOCAL_RANK"])}`, `{"": local_rank}`) is right on GPUs
+and is kept, with a note.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -26,6 +28,9 @@ LOADER_PREFIXES = ("AutoModel", "AutoPeftModel")
 LOADER_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration")
 
 SPLITS_THE_MODEL = ("auto", "balanced", "balanced_low_0", "sequential")
+# Unsloth's head-aware multi-GPU planner (unsloth/models/loader_utils.py, resolve_unsloth_device_map); under a
+# distributed launch it declines to "sequential" and "balanced", and Transformers (nbddp's fallback) refuses the names.
+UNSLOTH_PLANNED = ("unsloth", "unsloth_balanced")
 FIRST_GPU = (0, *CUDA)
 LOCAL_RANK_NAMES = {"local_rank", "local_process_index"}  # accelerate's PartialState().local_process_index
 DDP_DEVICE_MAP = m.Call(func=m.Attribute(value=m.Name("ddp"), attr=m.Name("device_map")), args=[])
@@ -72,6 +77,8 @@ class InjectDeviceMap(Rewrite):
         written, value = f"device_map={code_of(given.value)}", literal_value(given.value)
         if value in SPLITS_THE_MODEL:
             reason = "splits the model across GPUs; under torchrun each rank must hold its own copy"
+        elif value in UNSLOTH_PLANNED:
+            reason = "Unsloth's planner splits the model across GPUs; under torchrun each rank must hold its own copy"
         elif _on_first_gpu(value):
             reason = "puts every rank on GPU 0; each rank must use its own GPU"
         elif _reads_local_rank(given.value):

@@ -7,7 +7,9 @@ that says device (`device = "cuda"`, `DEVICE: str = "cuda:0"`; not `device_type`
 a string), and `torch.device("cuda")`/`torch.device("cuda:0")`.
 `torch.cuda.get_device_properties(0)` (Unsloth's notebooks open and close training with a memory-stats cell
 built on it) becomes `ddp.device_properties()`: this rank's GPU, and on the CPU a stand-in instead of
-"Torch not compiled with CUDA enabled". Other devices (`"cpu"`, `"cuda:1"`, variables) are the author's
+"Torch not compiled with CUDA enabled". With another device (`get_device_properties(i)` over
+`range(torch.cuda.device_count())`, `1`) it becomes `ddp.device_properties(i)`: that device on GPUs, as written,
+and the stand-in on the CPU. Other devices (`"cpu"`, `"cuda:1"`, variables) of the other calls are the author's
 choice and are left alone.
 """
 import libcst as cst
@@ -46,7 +48,8 @@ def is_first_gpu(node: cst.BaseExpression) -> bool:
 class ReplaceCudaDevice(Rewrite):
     NAME = "replace-cuda-device"
     DESCRIPTION = ('Use ddp.device (this rank\'s GPU, or the CPU) instead of .cuda(), "cuda" and "cuda:0" (also '
-                   'device = "cuda"), and ddp.device_properties() instead of torch.cuda.get_device_properties(0).')
+                   'device = "cuda"), and ddp.device_properties() instead of torch.cuda.get_device_properties(0) '
+                   '(ddp.device_properties(i) for another device).')
 
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if all(_names_a_device(target.target) for target in original_node.targets):
@@ -86,13 +89,20 @@ class ReplaceCudaDevice(Rewrite):
         return updated_node
 
     def _replace_device_properties(self, original_node, updated_node):
-        """`torch.cuda.get_device_properties(0)` (or no device, or "cuda") -> `ddp.device_properties()`."""
+        """`torch.cuda.get_device_properties(0)` (or no device, or "cuda") -> `ddp.device_properties()`; with
+        another device, `torch.cuda.get_device_properties(i)` -> `ddp.device_properties(i)` (its arguments kept)."""
+        func = cst.Attribute(value=cst.Name("ddp"), attr=cst.Name("device_properties"))
         args = original_node.args
-        if len(args) > 1 or (args and not is_first_gpu(args[0].value)):
+        if len(args) > 1:
             return updated_node
+        if args and not is_first_gpu(args[0].value):
+            replacement = updated_node.with_changes(func=func)
+            self.record(original_node, f"replaced {code_of(original_node)} with {code_of(replacement)} (that GPU; "
+                                       "the CPU without one)")
+            return replacement
         self.record(original_node, f"replaced {code_of(original_node)} with ddp.device_properties() "
                                    "(this rank's GPU; the CPU without one)")
-        return cst.Call(func=cst.Attribute(value=cst.Name("ddp"), attr=cst.Name("device_properties")))
+        return cst.Call(func=func)
 
     def _replace_cuda_method(self, original_node, updated_node):
         """`x.cuda()`, `x.cuda(0)`, `x.cuda(device=0, non_blocking=True)` -> `x.to(ddp.device, ...)`."""

@@ -46,6 +46,11 @@ def activate(backend: str) -> None:
         # unsloth_zoo's own file there, run at its first use, rather than the package that refuses without Unsloth.
         if utils := hf_zoo_files.lazy_module("utils"):
             patches.set_item("unsloth-fallback-module", sys.modules, "unsloth_zoo.utils", utils, default_only=True)
+        # `from unsloth_zoo.rl_replacements import _maybe_compile` (Muse_Glimmer_(30B)-GRPO replaces Unsloth's GRPO
+        # log-softmax with its own; TRL's GRPOTrainer, which the fallback trains with, does not call it) loads that
+        # module's own file, and its siblings, with the package's __init__ unrun.
+        if zoo := hf_zoo_files.package():
+            patches.set_item("unsloth-fallback-module", sys.modules, "unsloth_zoo", zoo, default_only=True)
         # Importing Unsloth lets TRL's trainers take Unsloth-era arguments (dataset_text_field=, max_seq_length=,
         # tokenizer=, beta=, ...) and its configs the keywords Transformers 5 and TRL 1.x renamed (warmup_ratio=);
         # without it, notebooks that pass them fail here. So the fallback patches TRL itself, which means
