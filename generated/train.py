@@ -45,7 +45,7 @@ save_total_limit = 2  # checkpoints kept: the newest ones
 backend = "auto"  # auto | unsloth | hf
 resume = False  # continue from the last complete checkpoint in output_dir
 batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)
-strategy = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)
+strategy = "auto"  # ddp | fsdp | auto: a whole model per GPU, sharded across them, or by the memory estimate
 workdir = "../notebooks"  # where the cells run, from this script's folder: the notebooks', as in Jupyter
 
 # %% nbddp setup

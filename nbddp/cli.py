@@ -136,6 +136,15 @@ def add_batch_layout_option(command) -> None:
                               "e.g. --batch-layout per-device")
 
 
+def add_strategy_option(command) -> None:
+    command.add_argument("--strategy", metavar="{ddp,fsdp,auto}",
+                         help="how the model lies on the GPUs: ddp keeps a whole model on every GPU (the fastest; "
+                              "Unsloth's kernels); fsdp shards it across them (Transformers+PEFT under accelerate's "
+                              "FSDP2), for a 16- or 32-bit model one GPU cannot hold (GPUs only); auto (the script's "
+                              "default) takes ddp when the memory estimate says one process fits its GPU, else fsdp, "
+                              "and says which and why; e.g. --strategy fsdp")
+
+
 def add_launch_options(command) -> None:
     """torchrun's world, shared by launch and run."""
     command.add_argument("--nproc-per-node", default="auto",
@@ -210,6 +219,7 @@ def add_launch_command(subcommands) -> None:
     add_launch_options(command)
     add_set_option(command)
     add_batch_layout_option(command)
+    add_strategy_option(command)
     command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
     add_log_options(command)
     slurm = command.add_argument_group("SLURM", "write an sbatch script instead of running (one torchrun per node)")
@@ -227,12 +237,12 @@ def add_launch_command(subcommands) -> None:
 def run_launch(args) -> int:
     if args.slurm:
         refuse_flags(args, TORCHRUN_ONLY, "with --slurm (SLURM places the processes: use --nodes and --gpus-per-node)")
-        script_args = job_script_args(args.script_args, args.overrides, args.batch_layout)
+        script_args = job_script_args(args.script_args, args.overrides, args.batch_layout, args.strategy)
         write_job_script(args.script, script_args, slurm_options(args), args.output or DEFAULT_JOB_SCRIPT)
         return 0
     refuse_flags(args, SLURM_ONLY, "without --slurm")
     return launch(args.script, args.script_args, launch_options(args), dry_run=args.dry_run, overrides=args.overrides,
-                  batch_layout=args.batch_layout)
+                  batch_layout=args.batch_layout, strategy=args.strategy)
 
 
 def add_run_command(subcommands) -> None:
@@ -248,13 +258,14 @@ def add_run_command(subcommands) -> None:
     add_parameter_options(command)
     add_set_option(command)
     add_batch_layout_option(command)
+    add_strategy_option(command)
     add_log_options(command)
     command.set_defaults(run=run_pipeline)
 
 
 def run_pipeline(args) -> int:
     run(args.script, args.param, args.params_file, launch_options(args), args.device, args.timeout,
-        overrides=args.overrides, batch_layout=args.batch_layout)
+        overrides=args.overrides, batch_layout=args.batch_layout, strategy=args.strategy)
     return 0
 
 

@@ -69,7 +69,7 @@ def test_merge_keeps_comments_names_notebooks_and_appends_nbddp_parameters(tmp_p
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
-        'strategy = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)',
+        'strategy = "auto"  # ddp | fsdp | auto: a whole model per GPU, sharded across them, or by the memory estimate',
         'workdir = "../notebooks"  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
     assert merged.origin == [
@@ -125,7 +125,7 @@ def test_no_parameters_cells_still_give_nbddp_backend_resume_batch_layout_strate
         'backend = "auto"  # auto | unsloth | hf',
         "resume = False  # continue from the last complete checkpoint in output_dir",
         'batch_layout = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
-        'strategy = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)',
+        'strategy = "auto"  # ddp | fsdp | auto: a whole model per GPU, sharded across them, or by the memory estimate',
         'workdir = "."  # where the cells run, from this script\'s folder: the notebooks\', as in Jupyter',
     ]
     assert read_by_the_runtime(merged, tmp_path) == {

@@ -7,7 +7,8 @@ BACKEND = "backend"  # auto | unsloth | hf (runtime.backends)
 RESUME = "resume"  # trainer.train() continues from the last complete checkpoint in output_dir
 BATCH_LAYOUT = "batch_layout"  # how N processes share the notebook's batch (runtime.batch_plan)
 WORKDIR = "workdir"  # where the cells run, from the script's folder (runtime.working_directory)
-STRATEGY = "strategy"  # ddp | fsdp: a whole model per GPU, or sharded across them (runtime.trainer.fsdp)
+STRATEGY = "strategy"  # ddp | fsdp | auto: a whole model per GPU, or sharded (runtime.trainer.fsdp, auto_strategy)
+STRATEGIES = ("ddp", "fsdp", "auto")  # auto: ddp when the memory estimate fits one GPU, else fsdp
 
 NBDDP_PARAMETERS = {name: "nbddp" for name in (BACKEND, RESUME, BATCH_LAYOUT, STRATEGY, WORKDIR)}  # name -> "defined in"
 
@@ -17,6 +18,6 @@ NBDDP_PARAMETER_LINES = (
     f'{BACKEND} = "auto"  # auto | unsloth | hf',
     f"{RESUME} = False  # continue from the last complete checkpoint in output_dir",
     f'{BATCH_LAYOUT} = "notebook"  # notebook | per-device | auto | N: how the processes share the batch (README)',
-    f'{STRATEGY} = "ddp"  # ddp | fsdp: a whole model on every GPU, or the model sharded across them (README)',
+    f'{STRATEGY} = "auto"  # ddp | fsdp | auto: a whole model per GPU, sharded across them, or by the memory estimate',
     f"{WORKDIR} = {{workdir}}  # where the cells run, from this script's folder: the notebooks', as in Jupyter",
 )

@@ -155,12 +155,12 @@ def _output_dir(plan, env):
 
 @stopping.ends_on_signals
 def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False, *,
-           overrides=(), batch_layout=None):
+           overrides=(), batch_layout=None, strategy=None):
     """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status.
-    `overrides`: `--set NAME=VALUE` lines, checked first, for the workers' NBDDP_SET; `batch_layout`: the script's
-    `--batch_layout` (None: its default)."""
+    `overrides`: `--set NAME=VALUE` lines, checked first, for the workers' NBDDP_SET; `batch_layout` and
+    `strategy`: the script's `--batch_layout` and `--strategy` (None: its default)."""
     extra_env = parameters.checked_overrides_environment(overrides)
-    script_args = [*script_args, *parameters.batch_layout_flags(batch_layout)]
+    script_args = [*script_args, *parameters.batch_layout_flags(batch_layout), *parameters.strategy_flags(strategy)]
     plan = plan_launch(script, script_args, options, log_dir, extra_env=extra_env)
     if dry_run:
         print(f"would run: {plan.describe()}", flush=True)
@@ -171,9 +171,9 @@ def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOpti
     return execute(plan)
 
 
-def job_script_args(script_args=(), overrides=(), batch_layout=None):
-    """The script flags a SLURM job script passes: `script_args`, `--batch_layout`, and each `--set` line as the
-    script's own `--set` flag (checked now; the job runs later, in an environment of its own)."""
+def job_script_args(script_args=(), overrides=(), batch_layout=None, strategy=None):
+    """The script flags a SLURM job script passes: `script_args`, `--batch_layout`, `--strategy`, and each `--set`
+    line as the script's own `--set` flag (checked now; the job runs later, in an environment of its own)."""
     parameters.check_overrides([("--set", overrides)])
-    return [*script_args, *parameters.batch_layout_flags(batch_layout),
+    return [*script_args, *parameters.batch_layout_flags(batch_layout), *parameters.strategy_flags(strategy),
             *(word for line in overrides for word in ("--set", line))]

@@ -18,7 +18,8 @@ import yaml
 
 from nbddp.errors import NbddpError, NotebookError, UsageError
 from nbddp.formats.parameters import ParametersCellError, read_cell, typed
-from nbddp.formats.script_parameters import BATCH_LAYOUT, NBDDP_PARAMETERS, WORKDIR  # nbddp's own, in every script
+from nbddp.formats.script_parameters import (  # nbddp's own, in every script
+    BATCH_LAYOUT, NBDDP_PARAMETERS, STRATEGIES, STRATEGY, WORKDIR)
 from nbddp.orchestration import environment
 from nbddp.runtime import working_directory
 from nbddp.runtime.inputs import training_overrides
@@ -168,6 +169,31 @@ def checked_batch_layout(text):
     except UsageError:
         raise UsageError(f"--batch-layout {text}: expected one of {', '.join(batch_plan.LAYOUTS)} or a micro batch "
                          "size (a whole number from 1)") from None
+
+
+def with_strategy(defaults, overrides, strategy):
+    """`overrides` plus the `strategy` parameter from `--strategy` (None: the script's own default)."""
+    if strategy is None:
+        return overrides
+    strategy = checked_strategy(strategy)
+    if STRATEGY not in defaults:
+        raise UsageError(f"--strategy {strategy}: the script has no `{STRATEGY}` parameter (exported by an older "
+                         "nbddp: run `python pipeline.py export`)")
+    return overrides | {STRATEGY: strategy}
+
+
+def strategy_flags(strategy):
+    """The script flag for `--strategy` (none for None: the script's own default)."""
+    return [] if strategy is None else as_script_flags({STRATEGY: checked_strategy(strategy)})
+
+
+def checked_strategy(text):
+    """A `--strategy` value: ddp, fsdp or auto (the runtime's trainer.fsdp and trainer.auto_strategy)."""
+    if text not in STRATEGIES:
+        raise UsageError(f"--strategy {text}: expected one of {', '.join(STRATEGIES)} (ddp: a whole model on every "
+                         "GPU; fsdp: the model sharded across them; auto: fsdp when the memory estimate says one GPU "
+                         "cannot hold it)")
+    return text
 
 
 def check_overrides(groups, environ=None):

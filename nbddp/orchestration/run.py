@@ -44,12 +44,12 @@ def check_export_fresh(script):
 
 @stopping.ends_on_signals
 def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
-        timeout=None, runs_root=RUNS_ROOT, *, overrides=(), batch_layout=None):
-    """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`) go to torchrun and (but for the
-    run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both, as
-    NBDDP_SET."""
+        timeout=None, runs_root=RUNS_ROOT, *, overrides=(), batch_layout=None, strategy=None):
+    """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`, `strategy`) go to torchrun and
+    (but for the run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both,
+    as NBDDP_SET."""
     check_export_fresh(script)
-    notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout)
+    notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout, strategy)
     user = parameters.with_absolute_paths(script, defaults, user)
     overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)

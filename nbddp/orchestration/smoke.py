@@ -59,16 +59,17 @@ def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeou
     return run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, overrides_env)
 
 
-def user_parameters(script, flags=(), params_file=None, batch_layout=None):
+def user_parameters(script, flags=(), params_file=None, batch_layout=None, strategy=None):
     """The script as a notebook, its parameter defaults, and the user's typed overrides (-f, then -p, then
-    --batch-layout)."""
+    --batch-layout and --strategy)."""
     if not Path(script).is_file():
         raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
     notebook = notebook_run.to_notebook(script)
     defaults = parameters.read_defaults(notebook, script)
     file_values = parameters.load_parameter_file(params_file) if params_file else None
     user = parameters.resolve(defaults, file_values, flags, file_label=f"-f {params_file}")
-    return notebook, defaults, parameters.with_batch_layout(defaults, user, batch_layout)
+    user = parameters.with_batch_layout(defaults, user, batch_layout)
+    return notebook, defaults, parameters.with_strategy(defaults, user, strategy)
 
 
 def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra_env=None):

@@ -19,6 +19,7 @@ import builtins
 import importlib
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 from nbddp import log
@@ -56,7 +57,7 @@ sys.meta_path.append(_MovedModules())
 
 
 def setup(namespace: dict | None = None, *, backend: str = "auto", script: str | None = None, resume: bool = False,
-          batch_layout="notebook", strategy="ddp", workdir: str = ""):
+          batch_layout="notebook", strategy="auto", workdir: str = ""):
     """Prepare this process for the notebooks' code and return its `DistributedContext`.
 
     `namespace`: a generated script's globals, right after its parameters cell: its flags are applied to them
@@ -67,7 +68,8 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     `resume`: `trainer.train()` continues from the newest complete checkpoint (see
     `DistributedContext.checkpoint_to_resume`); a worker torchrun restarted resumes without being asked.
     `batch_layout`: how the processes share the notebook's batch (`batch_plan`).
-    `strategy`: "ddp", or "fsdp" to shard the model across the GPUs (`trainer.fsdp`; the hf backend).
+    `strategy`: "ddp", "fsdp" to shard the model across the GPUs (`trainer.fsdp`; the hf backend), or "auto":
+    FSDP when the memory estimate says one rank does not fit one GPU (`trainer.auto_strategy`).
     """
     if namespace is not None:
         script = namespace.get("__file__")
@@ -78,7 +80,7 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     from nbddp.runtime import backends, patches, working_directory
     from nbddp.runtime.inputs import training_overrides
     from nbddp.runtime.reporting import heartbeat, script_display, tracebacks
-    from nbddp.runtime.trainer import fsdp
+    from nbddp.runtime.trainer import auto_strategy, fsdp
     import torch
     from nbddp.runtime.context import init_distributed
 
@@ -89,6 +91,11 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         patches.set_attribute("notebook-display", builtins, "display", script_display.display)
     try:
         started_in = working_directory.enter(workdir, script)
+        auto = None
+        if strategy == "auto":  # the model's config is read from the cells' folder
+            auto = auto_strategy.choose(script, namespace, backend, int(os.environ.get("WORLD_SIZE", "1")),
+                                        int(os.environ.get("LOCAL_RANK", "0")))
+            strategy = auto.strategy
         strategy, backend = fsdp.choose(strategy, backend, torch.cuda.is_available())
         chosen, reason = backends.choose(backend)
         if strategy == "fsdp":
@@ -108,6 +115,8 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
     training_checkpoints.register()
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
+        if auto is not None:
+            (log.warning if auto.warning else log.info)(auto_strategy.describe(auto))
         log.info(f"nbddp: backend={chosen} ({reason}) strategy={strategy} world_size={ddp.world_size} "
                  f"device={ddp.device}")
         patches.announce()

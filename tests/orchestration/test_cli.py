@@ -43,7 +43,7 @@ def test_launch_passes_the_world_and_the_script_flags_and_returns_torchrun_statu
     args, kwargs = calls["launch"]
     assert status == 7
     assert args == ("generated/train.py", ["--max_steps", "3"], LaunchOptions("4", 2, 1, "head:29500", "nbddp"))
-    assert kwargs == {"dry_run": True, "overrides": [], "batch_layout": None}
+    assert kwargs == {"dry_run": True, "overrides": [], "batch_layout": None, "strategy": None}
 
 
 def test_run_takes_launch_and_parameter_options(calls):
@@ -125,7 +125,7 @@ def test_set_and_batch_layout_reach_launch(calls):
     args, kwargs = calls["launch"]
     assert args[1] == ["--max_steps", "3"]
     assert kwargs == {"dry_run": True, "overrides": ["learning_rate=1e-4", "lr_scheduler_type=cosine"],
-                      "batch_layout": "per-device"}
+                      "batch_layout": "per-device", "strategy": None}
 
 
 @pytest.mark.parametrize("verb", ["smoke", "run"])
@@ -133,14 +133,16 @@ def test_batch_layout_reaches_smoke_and_run(calls, verb):
     assert pipeline.main([verb, "--batch-layout", "auto"]) == 0
     assert calls[f"{verb} keywords"]["batch_layout"] == "auto"
     pipeline.main([verb])
-    assert calls[f"{verb} keywords"] == {"overrides": [], "batch_layout": None}  # the script's own default
+    strategy = {"strategy": None} if verb == "run" else {}  # the smoke run has -p strategy only
+    assert calls[f"{verb} keywords"] == {"overrides": [], "batch_layout": None, **strategy}  # the script's defaults
 
 
 def test_slurm_passes_set_and_batch_layout_as_script_flags(calls):
     # The job runs later, in SLURM's environment: the script's own --set and --batch_layout flags carry them.
     assert pipeline.main(["launch", "--slurm", "--set", "bf16=false", "--batch-layout", "per-device",
-                          "--", "--max_steps", "3"]) == 0
-    assert calls["slurm"][1] == ["--max_steps", "3", "--batch_layout", "per-device", "--set", "bf16=false"]
+                          "--strategy", "fsdp", "--", "--max_steps", "3"]) == 0
+    assert calls["slurm"][1] == ["--max_steps", "3", "--batch_layout", "per-device", "--strategy", "fsdp",
+                                 "--set", "bf16=false"]
 
 
 @pytest.mark.parametrize("argv, message", [

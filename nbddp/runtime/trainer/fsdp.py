@@ -22,19 +22,21 @@ import functools
 
 from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.runtime import patches
 
-STRATEGIES = ("ddp", "fsdp")
 # this process's choice, the loaded model's decoder layers, whether the smoke run's note was printed
 _chosen = {"strategy": "ddp", "layers": (), "noted": False}
 
 
 def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
-    """`(strategy, backend)` for this run: the backend "hf" (with FSDP) or as requested (DDP); UsageError for a
-    strategy that is not one, FSDP without CUDA, or FSDP with `--backend unsloth`."""
+    """`(strategy, backend)` for this run (`requested`: ddp or fsdp; `setup` decides auto first, `auto_strategy`):
+    the backend "hf" (with FSDP) or as requested (DDP); UsageError for a strategy that is not one, FSDP without
+    CUDA, or FSDP with `--backend unsloth`."""
     if requested not in STRATEGIES:
         raise UsageError(f"--strategy {requested!r}: expected one of {', '.join(STRATEGIES)} (ddp: a whole model on "
-                         "every GPU; fsdp: the model sharded across them)")
+                         "every GPU; fsdp: the model sharded across them; auto: fsdp when the memory estimate says "
+                         "one GPU cannot hold it)")
     _chosen["strategy"] = requested
     if requested == "ddp":
         return requested, backend
