@@ -72,6 +72,21 @@ def test_a_removed_keyword_is_a_usage_error_with_the_advice(new_config):
         new_config(group_by_length=True)
 
 
+def test_a_keyword_a_later_trl_added_is_dropped_when_it_asks_for_what_this_one_does(capsys):
+    old_sft = type("SFTConfig", (NewConfig,), {})  # TRL 0.22's SFTConfig: no loss_type
+    config_keywords.patch_config(old_sft)
+    assert old_sft(loss_type="nll", warmup_steps=3).warmup_steps == 3
+    assert "Unsloth: `loss_type` is not a valid SFTConfig argument for the installed TRL and will be IGNORED" in (
+        capsys.readouterr().out)
+    with pytest.raises(UsageError, match=r"SFTConfig\(loss_type='dft'\): .* \(TRL 0\.23\.0 added it\).*"
+                                         r"Install trl>=0\.23\.0, or remove `loss_type`"):
+        old_sft(loss_type="dft")
+    other = type("RewardConfig", (NewConfig,), {})  # another config: not a keyword TRL added to it
+    config_keywords.patch_config(other)
+    with pytest.raises(TypeError, match="loss_type"):
+        other(loss_type="nll")
+
+
 def test_an_unknown_keyword_is_left_to_the_config(new_config):
     with pytest.raises(TypeError, match="warmup_ration"):
         new_config(warmup_ration=0.1)

@@ -7,6 +7,9 @@ name, is forwarded to that name with a one-line notice; a removed one is dropped
 same for the same keywords (the tables below are Unsloth 2026.10.9's), with the same notice, but refuses a removed
 keyword with a UsageError: dropped, the run would train something other than what the notebook says. Only keywords
 the config rejects are looked up, so on the notebooks' own stack nothing changes.
+The other way round, a notebook pinning an older TRL may pass a keyword a later TRL added (`TRL_ADDED`); Unsloth
+drops any keyword its config does not take, with a notice. `forward` drops it too when its value asks for what the
+older TRL always does (`SFTConfig(loss_type="nll")` on TRL 0.22), and refuses any other value.
 """
 import dataclasses
 import functools
@@ -74,6 +77,12 @@ TRANSFORMERS_REMOVED = {
     "mp_parameters": "this was a legacy SageMaker-only argument",
 }
 
+# Keywords a later TRL added to a config: (config, keyword) -> (the release that added it, the value that asks for
+# what the configs before it always do).
+TRL_ADDED = {
+    ("SFTConfig", "loss_type"): ("0.23.0", "nll"),  # TRL 0.22's SFTTrainer trains with the nll loss alone
+}
+
 
 def forward(config_class, kwargs: dict) -> dict:
     """`kwargs` for `config_class(...)`, with each keyword the config rejects but has a new name for moved to that
@@ -96,6 +105,9 @@ def forward(config_class, kwargs: dict) -> dict:
             forwarded[renamed] = value
             _notify(f"Unsloth: {who} renamed `{key}` to `{renamed}`. Forwarding your value to `{renamed}` - "
                     f"update your code when convenient.")
+            continue
+        if _added_later(config_class, key, value):
+            del forwarded[key]
             continue
         current_name(config_class, key)  # UsageError for a removed keyword
     return forwarded
@@ -134,6 +146,26 @@ def accepted_keywords(config_class) -> frozenset:
     """The keywords `config_class.__init__` names (through any wrapper that keeps `__wrapped__`)."""
     parameters = inspect.signature(config_class.__init__).parameters.values()
     return frozenset(p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+
+
+def _added_later(config_class, key, value) -> bool:
+    """True (after Unsloth's notice) for a keyword a later TRL added, given the value the installed TRL always
+    trains with; UsageError for another value; False for a keyword TRL_ADDED does not know."""
+    names = [klass.__name__ for klass in config_class.__mro__]
+    added = next((TRL_ADDED[name, key] for name in names if (name, key) in TRL_ADDED), None)
+    if added is None:
+        return False
+    import trl
+
+    release, same = added
+    if value == same:
+        _notify(f"Unsloth: `{key}` is not a valid {config_class.__name__} argument for the installed TRL and will be "
+                f"IGNORED (TRL {trl.__version__} has no `{key}`, added in {release}; it trains as {key}={same!r} "
+                f"asks).")
+        return True
+    raise UsageError(f"{config_class.__name__}({key}={value!r}): the installed TRL ({trl.__version__}) has no `{key}` "
+                     f"(TRL {release} added it), so it would train as {key}={same!r}, not as the notebook asks. "
+                     f"Install trl>={release}, or remove `{key}` from the notebook.")
 
 
 def _rename(key, accepted):
