@@ -17,6 +17,9 @@ MODELS = [
                                              "preprocessor_config.json",
                                              "processor_config.json", "special_tokens_map.json", "tokenizer.json",
                                              "tokenizer_config.json"]),
+    ("tiny-video", "build_tiny_video.py", ["chat_template.jinja", "config.json", "generation_config.json",
+                                           "processor_config.json", "special_tokens_map.json", "tokenizer.json",
+                                           "tokenizer_config.json"]),
     ("tiny-whisper", "build_tiny_whisper.py", ["config.json", "generation_config.json", "preprocessor_config.json",
                                                "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]),
 ]
@@ -62,3 +65,28 @@ def test_the_tiny_whisper_loads_and_trains_as_whisper_s_notebook_has_it(tmp_path
     loss = model(input_features=torch.tensor(np.asarray(features)), labels=torch.tensor([labels])).loss
     loss.backward()
     assert loss.item() > 0
+
+
+def test_the_tiny_video_takes_videos_and_loads_through_the_fallbacks_loader(tmp_path, monkeypatch):
+    """models/tiny-video: a Qwen2-VL whose forward takes a clip's patches (`pixel_values_videos`) in place of its
+    `<|video_pad|>` tokens; its config has no `pad_token_id` of its own (Transformers 5), which loading sets."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoTokenizer
+
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
+    from nbddp.runtime.backends.hf_backend import _load
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+
+    path = ensure_weights(str(REPO / "models" / "tiny-video"))
+    model, tokenizer = _load(AutoModelForImageTextToText, AutoTokenizer, path, 256, None, False, False, None, False,
+                             None, False, {})
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    assert model.config.pad_token_id == tokenizer.pad_token_id == 0
+    ids = tokenizer.convert_tokens_to_ids
+    grid = torch.tensor([[2, 8, 8]])  # 4 frames of 32x32: 2 x 8 x 8 patches, merged 2x2 into 32 tokens
+    input_ids = torch.tensor([[ids("<|vision_start|>")] + [ids("<|video_pad|>")] * 32 + [ids("<|vision_end|>")]
+                              + tokenizer("a clip", add_special_tokens=False)["input_ids"]])
+    video_tokens = (input_ids == ids("<|video_pad|>")).long() * 2  # the processor's mm_token_type_ids: 2 for video
+    output = model(input_ids=input_ids, mm_token_type_ids=video_tokens, pixel_values_videos=torch.randn(128, 96),
+                   video_grid_thw=grid, labels=input_ids)  # 96 = 3 channels x 2 frames x 4 x 4 pixels a patch
+    assert torch.isfinite(output.loss)

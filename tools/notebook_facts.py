@@ -19,6 +19,7 @@ DATASET_BUILDERS = frozenset({"csv", "json", "parquet", "text", "arrow", "pandas
                               "videofolder", "webdataset", "sql"})
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 URL = re.compile(r"^https?://[^\s/]+/\S+$")  # a string that is a whole URL with a path: what a cell may fetch
+VIDEO_NAMES = frozenset({"video_token", "video_token_id", "video_processor"})  # an image+video processor's
 PINNED = ("transformers", "trl")  # the packages whose pins `pins` reads
 PIN = re.compile(rf"(?<![\w-])({'|'.join(PINNED)})==(\d[\w.]*)")  # in an install cell: `!pip install trl==0.22.2`
 
@@ -42,6 +43,11 @@ class NotebookFacts:
     def loads_vision_model(self) -> bool:
         """FastVisionModel, or Unsloth's vision collator (which a FastModel notebook uses on images)."""
         return "FastVisionModel.from_pretrained" in self.calls or "UnslothVisionDataCollator" in self.names
+
+    def uses_video(self) -> bool:
+        """Reads a processor's video attributes (`processor.video_token`, `.video_token_id`, `.video_processor`) or
+        writes a `{"type": "video"}` part: an image+video model's notebook."""
+        return bool(VIDEO_NAMES & self.names) or "video" in self.strings
 
     def trains_with_a_trainer(self) -> bool:
         """A `<...trainer...>.train()` call: `trainer.train()`, `grpo_trainer.train()`."""

@@ -54,7 +54,7 @@ how long, on 2 CPU cores: all 177 exported and compiled with --sample 3 (26 runs
 46 min (a run took 7-35 s: most stop early, the Alpaca ones train their capped steps; --timeout caps each).
 
 needs: this repository's virtual environment (torch, transformers, trl, peft, datasets, IPython) and the tiny
-models' folders models/tiny-chat (or models/tiny-llama) and models/tiny-vision. Nothing is downloaded: the hub
+models' folders models/tiny-chat (or models/tiny-llama), models/tiny-vision and models/tiny-video. Nothing is downloaded: the hub
 is offline (HF_HUB_OFFLINE=1), every model and dataset id a notebook names is a local stand-in, and so is each
 URL it names of a kind tools/standin_urls.py knows (a book's .txt, an image, a sound, a CSV whose columns it
 has), answered to urllib, requests, httpx and datasets in the run's Python (a `!wget` of it still finds no
@@ -81,6 +81,14 @@ audioread, scipy, numba, llvmlite, joblib, threadpoolctl, cloudpickle, decorator
 standard-sunau, standard-chunk (not scikit-learn: 1.9 wants narwhals, and TRL's import then fails). Whisper's
 pipeline() reads its .flac through the ffmpeg program (Debian's ffmpeg). Stand-ins: models/tiny-whisper,
 tiny-orpheus, tiny-csm; evaluate's "wer" metric and a tiny SNAC codec (tools/standin_datasets.py).
+
+video: a notebook that reads a processor's video token or video processor, or writes video parts (Muse Glimmer's
+Vision and Multimodal), gets models/tiny-video, a Qwen2-VL whose processor Transformers 5 builds only with
+torchvision; its dataset's clips are MP4s written and read with torchcodec (the audio recipe's CODEC and FFMPEG).
+PyPI's torchvision==0.28.0 is a CUDA build that the CPU torch refuses at import (operator torchvision::nms does
+not exist): unpack it into TV (python -m zipfile -e), delete TV/torchvision/_C.so and image.so and the two
+`@torch.library.register_fake("torchvision::nms")` and `("torchvision::qnms")` lines of _meta_registrations.py,
+and put TV on PYTHONPATH beside CODEC (a CPU build of torchvision from PyTorch's own index needs none of this).
 
 --notebooks-python: most of the notebooks pin transformers==4.56.2 and trl==0.22.2 in the install cell that export
 drops, as a researcher running one has installed. With the interpreter of a virtual environment made from
@@ -393,7 +401,7 @@ class Runner:
     def assemble(self, facts, folder: Path, python: str, outcome: Outcome) -> None:
         """The notebook's stand-ins beside it, or outcome.stage "standins" with the reason."""
         vision = facts.loads_vision_model()
-        source = standins.model_source(REPO, vision, facts.model_ids)
+        source = standins.model_source(REPO, vision, facts.model_ids, facts.uses_video())
         if source is None:
             outcome.stage = "standins"
             outcome.error = "no stand-in model: its folder in models/ is missing"
@@ -401,11 +409,14 @@ class Runner:
         image_token = standins.image_token(facts.chat_templates) if vision else None
         own_template = standins.own_vision_template(facts.model_ids) if vision else None
         family = standins.family_template(facts.model_ids) if not vision and source.name == "tiny-chat" else None
+        muse_glimmer = not vision and source.name == "tiny-chat" and standins.is_muse_glimmer(facts.model_ids)
         if image_token:
             source = standins.vision_variant(source, image_token, self.args.work / "models")
         elif own_template:
             name, template, token = own_template
             source = standins.vision_variant(source, token, self.args.work / "models", (name, template))
+        elif muse_glimmer:
+            source = standins.muse_glimmer_variant(source, self.args.work / "models")
         elif family:
             source = standins.text_variant(source, family, self.args.work / "models",
                                            standins.takes_text_parts(facts.model_ids))

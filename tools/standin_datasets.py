@@ -38,6 +38,9 @@ class Layout:
     config: str = "default"
     splits: tuple[str, ...] = ("train",)
     audio: tuple[str, ...] = ()  # columns holding {"array": [...], "sampling_rate": N} to store as WAV
+    # columns holding {"frames": uint8 tensor (T, 3, H, W), "fps": N}, stored as MP4 files in the folder's clips/
+    # (encoded by torchcodec; without it the id gets no stand-in) and typed as datasets' Video by their paths
+    video: tuple[str, ...] = ()
     # writes the whole folder instead of rows: a thing an audio notebook loads from the hub by an id that is no
     # dataset (evaluate's "wer" metric, a SNAC codec); its ImportError (a package missing) leaves the id without one
     folder: Callable[[Path], None] | None = None
@@ -49,7 +52,7 @@ def build(root: Path, dataset_id: str) -> Path | None:
     layout = LAYOUTS.get(dataset_id)
     if layout is None:
         return None
-    from datasets import Audio, Dataset, Features
+    from datasets import Audio, Dataset, Features, Video
 
     folder = root / dataset_id
     shutil.rmtree(folder, ignore_errors=True)
@@ -67,9 +70,17 @@ def build(root: Path, dataset_id: str) -> Path | None:
         for column in layout.audio:
             for row in rows:
                 row[column] = {"bytes": _wav(**row[column]), "path": None}
+        for column in layout.video:
+            for i, row in enumerate(rows):
+                try:
+                    row[column] = str(_mp4(folder / "clips" / f"{split}-{column}-{i}.mp4", **row[column]))
+                except ImportError:  # torchcodec (or its FFmpeg) is missing: the notebook's own import says so
+                    shutil.rmtree(folder)
+                    return None
         dataset = Dataset.from_list(rows)  # PIL images become datasets' Image feature by themselves
-        if layout.audio:  # cast the {"bytes", "path"} structs, not encode arrays: encoding audio needs torchcodec
-            dataset = dataset.cast(Features({**dataset.features, **{column: Audio() for column in layout.audio}}))
+        if layout.audio or layout.video:  # cast the {"bytes", "path"} structs and paths, not encode arrays
+            dataset = dataset.cast(Features({**dataset.features, **{column: Audio() for column in layout.audio},
+                                             **{column: Video() for column in layout.video}}))
         path = Path(layout.config) / f"{split}.parquet"
         (folder / path).parent.mkdir(parents=True, exist_ok=True)
         dataset.to_parquet(str(folder / path))
@@ -98,6 +109,32 @@ def _tone(rng: random.Random, seconds: float, sampling_rate: int = 16000) -> dic
     count = int(seconds * sampling_rate)
     return {"array": [math.sin(2 * math.pi * frequency * t / sampling_rate) * 0.3 for t in range(count)],
             "sampling_rate": sampling_rate}
+
+
+def _clip(rng: random.Random, seconds: float, fps: int = 2, size: int = 32) -> dict:
+    """A square of one colour crossing a plain background, `seconds` long at `fps` frames per second."""
+    import torch
+
+    count = int(seconds * fps)
+    frames = torch.empty(count, 3, size, size, dtype=torch.uint8)
+    frames[:] = torch.tensor([rng.randrange(160, 256) for _ in range(3)], dtype=torch.uint8).view(3, 1, 1)
+    colour = torch.tensor([rng.randrange(0, 96) for _ in range(3)], dtype=torch.uint8).view(3, 1, 1)
+    side, top = size // 4, rng.randrange(0, size - size // 4)
+    for t in range(count):
+        left = t * (size - side) // max(1, count - 1)
+        frames[t, :, top:top + side, left:left + side] = colour
+    return {"frames": frames, "fps": fps}
+
+
+def _mp4(path: Path, frames, fps) -> Path:
+    """`frames` written to `path` as an H.264 MP4; ImportError without torchcodec or FFmpeg's libraries."""
+    try:
+        from torchcodec.encoders import VideoEncoder
+    except (ImportError, RuntimeError) as error:  # torchcodec raises RuntimeError when it finds no FFmpeg
+        raise ImportError(f"writing {path.name} needs torchcodec and FFmpeg's libraries: {error}") from error
+    path.parent.mkdir(parents=True, exist_ok=True)
+    VideoEncoder(frames, frame_rate=fps).to_file(str(path))
+    return path.resolve()
 
 
 def _wav(array, sampling_rate) -> bytes:
@@ -352,8 +389,9 @@ LAYOUTS: dict[str, Layout] = {
     "tomaarsen/miriad-4.4M-split": Layout(lambda rng, i: {"question": _words(rng) + "?",
                                                            "passage_text": _words(rng, 10, 30)},
                                           splits=("train", "eval")),
-    "XinNUS/Temporal_Caption_Bench": Layout(lambda rng, i: {"query": _words(rng) + "?", "video": f"clips/{i}.mp4",
+    # Muse_Glimmer_(30B)-Multimodal decodes the clips by their paths (torchcodec's VideoDecoder)
+    "XinNUS/Temporal_Caption_Bench": Layout(lambda rng, i: {"query": _words(rng) + "?", "video": _clip(rng, 4.0),
                                                              "duration": 4.0,
                                                              "facts": [{"tag": "shared", "text": _words(rng)}]},
-                                            rows=64),
+                                            rows=64, video=("video",)),
 }

@@ -107,9 +107,31 @@ OWN_VISION_TEMPLATES = (
         '{%- if add_generation_prompt -%}\n    {{- "Assistant: " -}}\n{%- endif -%}'),
      "<|IMAGE_PLACEHOLDER|>"),
 )
+# Muse Glimmer's "ATEM" chat format, as its notebooks show it rendered (Muse_Glimmer_(30B)-Conversational's "Data
+# Prep", -GRPO's "The Muse Glimmer chat format"; the model's own template file is not on this machine): each turn
+# `<|start|>ROLE<|message|>...<|eot|>`, the assistant's addressed `to=self` (reasoning_content, closed by <|eom|>) or
+# `to=user`, a system turn with `Reasoning strength: <level>.` (default high), and a generation prompt that stops
+# after `<|start|>assistant`. Its tokenizer's bos and eos are <|begin_of_text|> and <|end_of_text|>, and <|start|>,
+# <|message|>, <|eom|> and <|eot|> are special tokens (the GRPO notebook's rewards read completions without them).
+MUSE_GLIMMER_MODELS = r"muse-?glimmer"
+MUSE_GLIMMER_TEMPLATE = (
+    '{{- bos_token -}}\n{%- set reasoning_strength = reasoning_strength | default("high") -%}\n'
+    '{%- if messages and messages[0]["role"] == "system" -%}\n    {%- set system = messages[0]["content"] -%}\n'
+    '    {%- set messages = messages[1:] -%}\n{%- else -%}\n    {%- set system = "You are a helpful AI assistant." -%}\n'
+    '{%- endif -%}\n{{- "<|start|>system<|message|>" + system + "\\nKnowledge cutoff: 2026-01-04.\\n\\n'
+    'Reasoning strength: " + reasoning_strength + ".\\n\\n# Valid recipients: \\"self\\", \\"user\\".<|eot|>" -}}\n'
+    '{%- for message in messages -%}\n    {%- if message["role"] == "assistant" -%}\n'
+    '        {%- if message["reasoning_content"] -%}\n'
+    '            {{- "<|start|>assistant to=self<|message|>" + message["reasoning_content"] + "<|eom|>" -}}\n'
+    '        {%- endif -%}\n        {{- "<|start|>assistant to=user<|message|>" + message["content"] + "<|eot|>" -}}\n'
+    '    {%- else -%}\n        {{- "<|start|>" + message["role"] + "<|message|>" + message["content"] + "<|eot|>" -}}\n'
+    '    {%- endif -%}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n    {{- "<|start|>assistant" -}}\n{%- endif -%}')
+MUSE_GLIMMER_RENAMED = {"<s>": "<|begin_of_text|>", "</s>": "<|end_of_text|>"}  # tiny-chat's bos and eos, same ids
+MUSE_GLIMMER_ADDED = ("<|eom|>", "<|eot|>")  # tiny-chat has <|start|> and <|message|> already
 QUANTIZED_SUFFIXES = ("-unsloth-bnb-4bit", "-bnb-4bit")  # longest first: both end in -bnb-4bit
 TEXT_MODELS = ("models/tiny-chat", "models/tiny-llama")  # the first that exists; tiny-chat has chat tokens
 VISION_MODELS = ("models/tiny-vision",)
+VIDEO_MODELS = ("models/tiny-video",)  # Qwen2-VL: an image token, a video token and a video processor
 # Families that neither stands in for, by a pattern of the model id: their own tiny model.
 # Orpheus writes token ids past any text vocabulary (its SNAC audio codes): models/build_tiny_orpheus.py; Sesame's
 # CSM is a text-to-speech model with a codec of its own: models/build_tiny_csm.py.
@@ -127,12 +149,13 @@ def model_standin_names(model_ids: list[str]) -> list[str]:
     return sorted(names)
 
 
-def model_source(repo: Path, vision: bool, model_ids: list[str] = ()) -> Path | None:
+def model_source(repo: Path, vision: bool, model_ids: list[str] = (), video: bool = False) -> Path | None:
     """The tiny model folder (config and tokenizer) to stand in for a notebook's models, or None if not built yet:
-    FAMILY_MODELS' for a model id of such a family, else a vision or text one."""
+    FAMILY_MODELS' for a model id of such a family, else a video one for a vision notebook that uses videos
+    (`video`: NotebookFacts.uses_video), else a vision or text one."""
     candidates = next(((name,) for pattern, name in FAMILY_MODELS
                        if any(re.search(pattern, model_id.lower()) for model_id in model_ids)),
-                      VISION_MODELS if vision else TEXT_MODELS)
+                      (VIDEO_MODELS if video else VISION_MODELS) if vision else TEXT_MODELS)
     return next((repo / name for name in candidates if (repo / name / "config.json").is_file()), None)
 
 
@@ -248,3 +271,35 @@ def vision_variant(source: Path, token: str, folder: Path, template: tuple[str, 
             (staging / "chat_template.jinja").write_text(template[1], encoding="utf-8")
 
     return _variant(source, folder / f"{source.name}-{suffix}", change)
+
+
+def is_muse_glimmer(model_ids: list[str]) -> bool:
+    """Whether a model id is Muse Glimmer's (MUSE_GLIMMER_MODELS)."""
+    return any(re.search(MUSE_GLIMMER_MODELS, model_id.lower()) for model_id in model_ids)
+
+
+def muse_glimmer_variant(source: Path, folder: Path) -> Path:
+    """A copy of the tiny chat model in `folder` with Muse Glimmer's tokenizer: its ATEM template, its bos and eos
+    (tiny-chat's <s> and </s> renamed, same ids) and MUSE_GLIMMER_ADDED as special tokens after the vocabulary, which
+    the config's vocab_size grows to hold."""
+    def change(staging):
+        for path in sorted(staging.iterdir()):
+            text = path.read_text(encoding="utf-8")
+            for old, new in MUSE_GLIMMER_RENAMED.items():
+                text = text.replace(json.dumps(old), json.dumps(new))
+            path.write_text(text, encoding="utf-8")
+        model_config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
+        tokenizer = json.loads((staging / "tokenizer.json").read_text(encoding="utf-8"))
+        tokenizer_config = json.loads((staging / "tokenizer_config.json").read_text(encoding="utf-8"))
+        for token in MUSE_GLIMMER_ADDED:
+            entry = {"content": token, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                     "special": True}
+            tokenizer["added_tokens"].append({"id": model_config["vocab_size"], **entry})
+            tokenizer_config["added_tokens_decoder"][str(model_config["vocab_size"])] = entry
+            model_config["vocab_size"] += 1
+        tokenizer_config["chat_template"] = MUSE_GLIMMER_TEMPLATE
+        for name, value in (("config.json", model_config), ("tokenizer.json", tokenizer),
+                            ("tokenizer_config.json", tokenizer_config)):
+            (staging / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    return _variant(source, folder / f"{source.name}-muse-glimmer", change)

@@ -203,8 +203,60 @@ def test_tokenizers_rows_without_a_chat_and_audio_are_refused_with_what_to_do(mo
     with pytest.raises(UsageError, match=r"a row has neither 'messages' nor 'conversations' \(its keys: \['image'"):
         UnslothVisionDataCollator(model, processor)([next(iter(image_dataset()))])
     audio = {"messages": [{"role": "user", "content": [{"type": "audio", "audio": [0.0] * 16}]}]}
-    with pytest.raises(UsageError, match="a 'audio' part; .* collates text and images only"):
+    with pytest.raises(UsageError, match="a 'audio' part; .* collates text, images and videos only"):
         UnslothVisionDataCollator(model, processor)([audio])
+
+
+class RecordingProcessor:
+    """The tiny Llava's processor, which takes no videos: records the `videos` and `fps` it is called with and
+    answers as for the text and images alone, with a `pixel_values_videos` of ones."""
+
+    def __init__(self, processor):
+        self.processor, self.calls = processor, []
+        self.image_processor, self.tokenizer = processor.image_processor, processor.tokenizer
+
+    def apply_chat_template(self, *args, **kwargs):
+        return self.processor.apply_chat_template(*args, **kwargs)
+
+    def __call__(self, videos=None, fps=None, **kwargs):
+        self.calls.append({"videos": videos, "fps": fps})
+        batch = self.processor(**kwargs)
+        batch["pixel_values_videos"] = torch.ones(2, 4, dtype=torch.float64)
+        return batch
+
+
+def video_row(path, fps=None):
+    part = {"type": "video", "video": path} | ({"fps": fps} if fps is not None else {})
+    return {"messages": [{"role": "user", "content": [part, {"type": "text", "text": "What happens?"}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": "a ball rolls"}]}]}
+
+
+def test_video_parts_go_to_the_processor_one_list_per_row_with_their_rate(model_and_processor):
+    model, processor = model_and_processor
+    recording = RecordingProcessor(processor)
+    image_row = convert_to_conversation(next(iter(image_dataset())))
+    batch = UnslothVisionDataCollator(model, recording)([video_row("a.mp4", 2), image_row, video_row("b.mp4", 2)])
+    assert recording.calls == [{"videos": [["a.mp4"], ["b.mp4"]], "fps": 2.0}]
+    assert batch["pixel_values_videos"].dtype == torch.float32  # the model's
+    with pytest.raises(UsageError, match=r"the videos of one batch give different fps \(\[1, 2\]\)"):
+        UnslothVisionDataCollator(model, recording)([video_row("a.mp4", 1), video_row("b.mp4", 2)])
+
+
+def test_a_subclass_picks_the_images_and_videos_as_unsloth_zoos_hook_lets_it(model_and_processor):
+    """Muse_Glimmer_(30B)-Multimodal's collator: its own `_extract_images_videos_for_example`, which sizes images
+    by `patch_size` and gives every video the notebook's frame rate."""
+    model, processor = model_and_processor
+
+    class PathsAtOneFrameASecond(UnslothVisionDataCollator):
+        def _extract_images_videos_for_example(self, example, messages):
+            videos = [part["video"] for message in messages for part in message["content"] if part["type"] == "video"]
+            return [], videos, {"fps": [1.0] * len(videos)}
+
+    recording = RecordingProcessor(processor)
+    collator = PathsAtOneFrameASecond(model, recording)
+    assert collator.patch_size == 8  # the tiny Llava's vision tower's
+    collator([video_row("clip.mp4")])
+    assert recording.calls == [{"videos": [["clip.mp4"]], "fps": 1.0}]
 
 
 @pytest.fixture

@@ -109,3 +109,18 @@ def test_the_auto_model_classes_a_loader_is_given(facts_of):
                      'auto_model = AutoModelForCausalLM, trust_remote_code = True)\n'
                      'other = FastModel.from_pretrained("x/y", auto_model = transformers.AutoModelForCausalLM)\n')
     assert facts.auto_models == ["AutoModelForCausalLM", "transformers.AutoModelForCausalLM"]
+
+
+@pytest.mark.parametrize("cells, video", [
+    # Muse_Glimmer_(30B)-Vision: reads the processor's video token
+    (('print("video token:", processor.video_token, processor.video_token_id)\n',), True),
+    # Muse_Glimmer_(30B)-Multimodal: its video processor, and video parts
+    (("video_processor = processor.video_processor\n",), True),
+    (('part = {"type": "video", "video": row["video"]["path"]}\n',), True),
+    # ERNIE_4_5_VL_28B_A3B_PT_Vision: an empty videos list and a "video_url" type it looks for
+    (('inputs = processor(text = [text_prompt], images = [image], videos = [], return_tensors = "pt")\n'
+      'needs = part.get("type") in ["image_url", "video_url"]\n'), False),
+    ((VISION_LOAD, "from unsloth.trainer import UnslothVisionDataCollator\n", SFT, TRAIN), False),
+])
+def test_a_notebook_uses_video_when_it_reads_the_processors_video_parts_or_writes_a_video_part(facts_of, cells, video):
+    assert facts_of(*cells).uses_video() is video

@@ -1,5 +1,6 @@
 """tools/standins.py and tools/standin_datasets.py: folders named like hub ids, which load like the hub's."""
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,14 @@ def test_model_source_takes_the_first_model_folder_that_exists(tmp_path):
     assert model_source(tmp_path, vision=True) is None
 
 
+def test_a_video_notebook_gets_the_tiny_video_and_other_vision_notebooks_the_tiny_llava():
+    repo = Path(__file__).resolve().parents[2]
+    muse = ["unsloth/Muse-Glimmer-30B-unsloth-bnb-4bit"]
+    assert model_source(repo, vision=True, model_ids=muse, video=True) == repo / "models" / "tiny-video"
+    assert model_source(repo, vision=True, model_ids=["unsloth/Qwen2-VL-7B-Instruct"]) == repo / "models" / "tiny-vision"
+    assert model_source(repo, vision=False, model_ids=muse, video=True) == repo / "models" / "tiny-chat"
+
+
 def test_a_dataset_without_a_layout_gets_no_stand_in(tmp_path):
     assert standin_datasets.build(tmp_path, "someone/unknown") is None
     assert not any(tmp_path.iterdir())
@@ -84,6 +93,23 @@ def test_audio_is_typed_as_audio(load_from):
     assert isinstance(load_from("Etherll/kaira", split="train").features["audio"], Audio)
 
 
+def test_video_clips_are_mp4_files_typed_as_video_by_their_paths(load_from):
+    pytest.importorskip("torchcodec.encoders", exc_type=ImportError)
+    from datasets import Video
+    from torchcodec.decoders import VideoDecoder
+
+    rows = load_from("XinNUS/Temporal_Caption_Bench", split="train[:64]")
+    assert isinstance(rows.features["video"], Video) and len(rows) == 64
+    path = rows.cast_column("video", Video(decode=False))[0]["video"]["path"]
+    assert path.endswith(".mp4") and len(VideoDecoder(path)) == 8  # 4 s at 2 frames per second
+
+
+def test_video_clips_without_torchcodec_leave_the_id_without_a_stand_in(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchcodec.encoders", None)  # its import raises ImportError
+    assert standin_datasets.build(tmp_path, "XinNUS/Temporal_Caption_Bench") is None
+    assert not (tmp_path / "XinNUS" / "Temporal_Caption_Bench").exists()
+
+
 def test_stand_ins_are_the_same_every_time(tmp_path):
     first = standin_datasets.build(tmp_path / "a", "mlabonne/FineTome-100k")
     second = standin_datasets.build(tmp_path / "b", "mlabonne/FineTome-100k")
@@ -111,6 +137,33 @@ def test_ernie_gets_its_own_tokenizers_template_which_the_table_lacks(tmp_path):
     chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}, {"role": "user", "content": "Q"}]
     assert tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
         "<|begin_of_sentence|>User: Hi\nAssistant: Hello<|end_of_sentence|>User: Q\nAssistant: ")
+
+
+def test_muse_glimmers_stand_in_renders_atem_as_its_notebooks_show_it(tmp_path):
+    # Muse_Glimmer_(30B)-GRPO finds its reply channel in the template ("substring not found" with tiny-chat's ChatML)
+    # and reads completions decoded without the markers, its special tokens.
+    from transformers import AutoConfig, AutoTokenizer
+
+    assert standins.is_muse_glimmer(["unsloth/Muse-Glimmer-30B-unsloth-bnb-4bit"])
+    assert not standins.is_muse_glimmer(["unsloth/Llama-3.2-3B-Instruct"])
+    folder = standins.muse_glimmer_variant(TINY_CHAT, tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    chat = [{"role": "user", "content": "What is 17 times 23?"},
+            {"role": "assistant", "content": "391", "reasoning_content": "17*23 = 391."}]
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == (
+        '<|begin_of_text|><|start|>system<|message|>You are a helpful AI assistant.\nKnowledge cutoff: 2026-01-04.\n\n'
+        'Reasoning strength: high.\n\n# Valid recipients: "self", "user".<|eot|><|start|>user<|message|>What is 17 times '
+        "23?<|eot|><|start|>assistant to=self<|message|>17*23 = 391.<|eom|><|start|>assistant to=user<|message|>391<|eot|>")
+    prompt = tokenizer.apply_chat_template([{"role": "system", "content": "Solve."}, {"role": "user", "content": "Q"}],
+                                           tokenize=False, add_generation_prompt=True, reasoning_strength="low")
+    assert "Solve.\nKnowledge" in prompt and "Reasoning strength: low." in prompt
+    assert prompt.endswith("<|eot|><|start|>user<|message|>Q<|eot|><|start|>assistant")
+    completion = " to=self<|message|>48 / 2 = 24.<|eom|><|start|>assistant to=user<|message|>72<|eot|>"
+    ids = tokenizer(completion, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids, skip_special_tokens=True) == " to=self48 / 2 = 24.assistant to=user72"
+    assert (tokenizer.bos_token, tokenizer.eos_token) == ("<|begin_of_text|>", "<|end_of_text|>")
+    assert tokenizer.convert_tokens_to_ids(["<|eom|>", "<|eot|>"]) == [494, 495]
+    assert AutoConfig.from_pretrained(folder).vocab_size == 496 == len(tokenizer)
 
 
 def test_a_multimodal_models_stand_in_renders_text_parts_as_its_own_template_does(tmp_path):

@@ -379,7 +379,7 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     tokenizer = getattr(processor, "tokenizer", processor)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if model.config.pad_token_id is None:
+    if getattr(model.config, "pad_token_id", None) is None:  # Transformers 5's Qwen2VLConfig has none of its own
         model.config.pad_token_id = tokenizer.pad_token_id
     tokenizer.padding_side = "right"  # for training; for_inference switches it to left
     if max_seq_length is None:

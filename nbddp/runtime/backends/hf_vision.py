@@ -8,17 +8,22 @@
     )
 
 Each row is a chat (`{"messages": [...]}`, `{"conversations": [...]}` or the list itself) whose parts are
-`{"type": "text", "text": ...}` and `{"type": "image", "image": ...}` (a PIL image, a path, or the {"bytes", "path"}
-dict Arrow stores it as); the images may instead be the row's `images` column. As unsloth_zoo's collator
-(vision_utils.py) does, the batch is the processor's output for the rows' chat-template texts and images (padded,
-truncated to `max_seq_length`, images first shrunk to the vision tower's `image_size` by `resize="min"`), with
-`labels` = `input_ids` except padding, image placeholder tokens and the targets after a pad, which are -100;
+`{"type": "text", "text": ...}`, `{"type": "image", "image": ...}` (a PIL image, a path, or the {"bytes", "path"}
+dict Arrow stores it as) and `{"type": "video", "video": ...}` (what the processor's `videos` takes: a path, frames);
+the images may instead be the row's `images` column. As unsloth_zoo's collator (vision_utils.py) does, the batch is
+the processor's output for the rows' chat-template texts, images and videos (padded, truncated to
+`max_seq_length`, images first shrunk to the vision tower's `image_size` by `resize="min"`), with `labels` =
+`input_ids` except padding, image and video placeholder tokens and the targets after a pad, which are -100;
 `train_on_responses_only=True` also masks everything but the answers (`unsloth.chat_templates.
-train_on_responses_only`'s rule, with `instruction_part` and `response_part`).
+train_on_responses_only`'s rule, with `instruction_part` and `response_part`). A subclass may override
+`_extract_images_videos_for_example(example, messages)` -> (images, videos, {"fps": [one rate per video]}), as
+with unsloth_zoo's, and read `patch_size` (the vision tower's).
 
-Not carried over: video and audio parts (bad input that says so), `formatting_func`, prompt/completion rows,
-padding-free packing and the per-model repairs of Unsloth's processors.
+Not carried over: audio parts (bad input that says so), `formatting_func`, prompt/completion rows, padding-free
+packing and the per-model repairs of Unsloth's processors.
 """
+import math
+
 import datasets
 import torch
 from PIL import Image
@@ -34,8 +39,10 @@ IMAGE_TOKENS = (
     "<img>", "</img>", "<IMG_CONTEXT>", "<video>", "<|IMAGE|>", "<|VIDEO|>", "<|vision_bos|>", "<|vision_eos|>",
     "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>",
 )
-# Config keys of the token ids a model's forward replaces with image features.
+# Config keys of the token ids a model's forward replaces with image or video features.
 IMAGE_TOKEN_ID_KEYS = ("image_token_id", "image_token_index", "video_token_id", "video_token_index")
+DEFAULT_PATCH_SIZE = 14  # unsloth_zoo's IMAGE_FACTOR // 2, for a model whose vision config has no patch_size
+PART_TYPES = ("text", "image", "video")
 
 
 class UnslothVisionDataCollator:
@@ -65,6 +72,7 @@ class UnslothVisionDataCollator:
         self.dtype = model.get_input_embeddings().weight.dtype
         self.max_seq_length = max_seq_length if max_seq_length is not None else getattr(model, "max_seq_length", None)
         self.image_size = _image_size(model, resize)
+        self.patch_size = _patch_size(model)
         self.masked_ids = torch.tensor(sorted(_masked_token_ids(model, self.tokenizer)))
         self.response_labels = None
         if train_on_responses_only:
@@ -73,15 +81,15 @@ class UnslothVisionDataCollator:
                 return_function=True)
 
     def __call__(self, examples):
-        texts, images = [], []
+        texts, images, videos, rates = [], [], [], []
         for example in examples:
             messages = _messages(example)
             texts.append(self.processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=False))
-            row_images = example.get("images") if isinstance(example, dict) else None
-            if row_images is None:
-                row_images = [part["image"] for message in messages for part in message["content"]
-                              if part["type"] == "image" and part.get("image") is not None]
+            row_images, row_videos, video_options = self._extract_images_videos_for_example(example, messages)
             images.append([self._resized(_decoded(image)) for image in row_images])
+            if len(row_videos) > 0:  # one list per row that has videos, as unsloth_zoo's collator passes them
+                videos.append(list(row_videos))
+                rates += list((video_options or {}).get("fps") or [])
         options = {"padding": True, "return_tensors": "pt", "add_special_tokens": False}
         if self.max_seq_length is not None:
             options.update(truncation=True, max_length=self.max_seq_length)
@@ -89,11 +97,26 @@ class UnslothVisionDataCollator:
             options["pad_to_multiple_of"] = self.pad_to_multiple_of
         if any(images):  # one list per row, empty for a text-only row
             options["images"] = images
+        if videos:
+            options["videos"] = videos
+            options.update(_video_rate(rates))
         batch = self.processor(text=texts, **options)
-        if "pixel_values" in batch:
-            batch["pixel_values"] = batch["pixel_values"].to(self.dtype)
+        for key in ("pixel_values", "pixel_values_videos"):
+            if key in batch:
+                batch[key] = batch[key].to(self.dtype)
         batch["labels"] = self._labels(batch["input_ids"], batch.get("attention_mask"))
         return batch
+
+    def _extract_images_videos_for_example(self, example, messages):
+        """(images, videos, {"fps": rates}) of one row: its `images` column or its image parts, its video parts
+        and the `fps` they give (unsloth_zoo's hook of the same name, which notebooks override)."""
+        images = example.get("images") if isinstance(example, dict) else None
+        parts = [part for message in messages for part in message["content"]]
+        if images is None:
+            images = [part["image"] for part in parts if part["type"] == "image" and part.get("image") is not None]
+        video_parts = [part for part in parts if part["type"] == "video" and part.get("video") is not None]
+        rates = [part["fps"] for part in video_parts if part.get("fps") is not None]
+        return images, [part["video"] for part in video_parts], {"fps": rates}
 
     def _labels(self, input_ids, attention_mask):
         labels = input_ids.clone()
@@ -138,13 +161,34 @@ def _messages(example) -> list:
             content = [{"type": "text", "text": content}]
         parts = [{key: value for key, value in part.items() if value is not None} for part in content]
         for part in parts:
-            if part["type"] not in ("text", "image"):
+            if part["type"] not in PART_TYPES:
                 raise UsageError(
                     f"UnslothVisionDataCollator: a {part['type']!r} part; nbddp's Transformers+PEFT fallback "
-                    "(--backend hf) collates text and images only. Run on a GPU with Unsloth installed "
+                    "(--backend hf) collates text, images and videos only. Run on a GPU with Unsloth installed "
                     "(--backend unsloth), or build the batches with the processor yourself")
         chat.append({**message, "content": parts})
     return chat
+
+
+def _video_rate(rates) -> dict:
+    """The processor's `fps` option for the videos' sampling rates: one number when they agree (a list is refused,
+    as unsloth_zoo's collapse_fps gives it), none when no video gave one."""
+    if not rates:
+        return {}
+    if any(not math.isclose(float(rate), float(rates[0]), rel_tol=1e-4, abs_tol=1e-4) for rate in rates):
+        raise UsageError(
+            f"UnslothVisionDataCollator: the videos of one batch give different fps ({rates}); nbddp's "
+            "Transformers+PEFT fallback (--backend hf) passes the processor one rate. Give every video the same fps "
+            "or use per_device_train_batch_size=1")
+    return {"fps": float(rates[0])}
+
+
+def _patch_size(model) -> int:
+    """The vision tower's patch size, one number (a square patch), as unsloth_zoo's collator keeps it."""
+    size = getattr(getattr(model.config, "vision_config", None), "patch_size", None)
+    if isinstance(size, (list, tuple)):
+        size = math.lcm(*(int(side) for side in size)) if size else None
+    return int(size) if size is not None else DEFAULT_PATCH_SIZE
 
 
 def _decoded(image):
