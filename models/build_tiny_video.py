@@ -121,9 +121,11 @@ def model_config(vocab):
         "hidden_act": "silu",
         "max_position_embeddings": MAX_LENGTH,
         "rms_norm_eps": 1e-06,
-        # temporal, height and width sections of each head's rotary frequencies (head_dim / 2 of them)
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
-                            "mrope_section": [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]},
+        # temporal, height and width sections of each head's rotary frequencies (head_dim / 2 of them), in the
+        # keys Qwen2-VL's hub configs have: Transformers 4 reads `rope_scaling`, 5 makes `rope_parameters` of it
+        "rope_scaling": {"type": "mrope",
+                         "mrope_section": [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]},
+        "rope_theta": 10000.0,
         "vocab_size": len(vocab),
         "bos_token_id": None,  # Qwen2-VL's default (151643) is past this vocabulary
         "eos_token_id": vocab[END],

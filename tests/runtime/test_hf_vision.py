@@ -234,8 +234,9 @@ def video_row(path, fps=None):
 def test_video_parts_go_to_the_processor_one_list_per_row_with_their_rate(model_and_processor):
     model, processor = model_and_processor
     recording = RecordingProcessor(processor)
-    image_row = convert_to_conversation(next(iter(image_dataset())))
-    batch = UnslothVisionDataCollator(model, recording)([video_row("a.mp4", 2), image_row, video_row("b.mp4", 2)])
+    text_row = {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hello"}]},
+                             {"role": "assistant", "content": [{"type": "text", "text": "Hi"}]}]}
+    batch = UnslothVisionDataCollator(model, recording)([video_row("a.mp4", 2), text_row, video_row("b.mp4", 2)])
     assert recording.calls == [{"videos": [["a.mp4"], ["b.mp4"]], "fps": 2.0}]
     assert batch["pixel_values_videos"].dtype == torch.float32  # the model's
     with pytest.raises(UsageError, match=r"the videos of one batch give different fps \(\[1, 2\]\)"):
