@@ -14,10 +14,10 @@ older TRL always does (`SFTConfig(loss_type="nll")` on TRL 0.22), and refuses an
 import dataclasses
 import functools
 import inspect
-import os
 
 from nbddp.errors import UsageError
 from nbddp.runtime import patches
+from nbddp.runtime.rank import is_main_process
 
 # Straight renames (rl_config_compat's TRL_CONFIG_RENAMES, then TRANSFORMERS_CONFIG_RENAMES; TRL's are looked up first).
 TRL_RENAMES = {
@@ -201,5 +201,5 @@ def _default(config_class, name):
 
 
 def _notify(message: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
+    if is_main_process():
         print(message, flush=True)

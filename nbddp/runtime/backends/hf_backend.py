@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import importlib.util
 import inspect
-import os
 import re
 from collections import Counter
 
@@ -36,6 +35,7 @@ from nbddp.runtime.backends import hf_rl_environments, hf_saving, hf_torchao
 from nbddp.runtime.inputs.models import require_model
 from nbddp.runtime.memory.gradient_checkpointing import peft_mode
 from nbddp.runtime.trainer import fsdp
+from nbddp.runtime.rank import is_main_process
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -512,5 +512,5 @@ def _set_padding_side(model, side: str) -> None:
 
 
 def _warn_on_rank0(message: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
+    if is_main_process():
         log.warning(f"nbddp: {message}")

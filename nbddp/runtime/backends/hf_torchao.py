@@ -26,6 +26,7 @@ import torch
 
 from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.runtime.rank import is_main_process
 
 TORCHAO = "torchao==0.18.0"  # what Unsloth's GPU site installs; it runs on torch 2.13's CPU build too
 SCHEMES = ("int8-int4", "phone-deployment", "int8", "int4")
@@ -86,7 +87,7 @@ def save_pretrained_torchao(model, save_directory, tokenizer=None, torchao_confi
             "get_peft_model(..., qat_scheme=...))")
     in_place = torchao_config is None and not isinstance(model, PeftModel)
     target = str(save_directory) if in_place else f"{save_directory}-torchao"
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
+    if not is_main_process():
         return
     quantized = hf_saving._to_save(model, "save_pretrained_torchao", "merged_16bit", torch.bfloat16)
     if quantized is model:

@@ -33,6 +33,7 @@ from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.batch_plan import BatchPlan
 from nbddp.runtime.memory.gradient_checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
 from nbddp.runtime.memory.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
+from nbddp.runtime.rank import is_main_process
 
 # Tokens per micro batch from which a fuller one buys little more GPU efficiency, and cheaper recompute is worth
 # more: the 1.1B shape at 8 x 2048 ran 1.39x the tokens/s of 4 x 2048 (bench/results/batch_1b.json).
@@ -287,5 +288,5 @@ def _all_ranks(ok: bool, device) -> bool:
 
 
 def _say(text: str) -> None:
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if is_main_process():
         log.info(f"nbddp: {text}")

@@ -32,6 +32,7 @@ from nbddp.errors import UsageError
 from nbddp.runtime import patches
 from nbddp.runtime.memory.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
                                            format_gib, shape_from_model)
+from nbddp.runtime.rank import is_main_process
 
 PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
 UNSLOTH_MIN_OFFLOAD_SEQ = 512  # below this Unsloth recomputes as "true" (offloading is not worth it there)
@@ -145,7 +146,7 @@ def choose_gradient_checkpointing(use_gradient_checkpointing, model, max_seq_len
     mode, reason = decide(requested, available, choice.estimates, choice.budget_gib)
     choice = dataclasses.replace(choice, mode=mode, reason=reason)
     model.nbddp_checkpointing = choice
-    if _is_rank0():
+    if is_main_process():
         log.info(f"nbddp: {choice.describe()}")
         if choice.warning():
             log.info(f"nbddp: warning: {choice.warning()}")
@@ -182,7 +183,7 @@ def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:
             trainer.model.gradient_checkpointing_disable()
         if hasattr(trainer.model, "_require_grads_hook"):  # transformers 4.x fails without one to remove
             trainer.model.disable_input_require_grads()
-        if _is_rank0():
+        if is_main_process():
             log.info("nbddp: the trainer's gradient_checkpointing turned off, as use_gradient_checkpointing chose")
     trainer.add_callback(FirstStepMemoryCheck(choice))
 
@@ -207,6 +208,3 @@ def smallest_over_ranks(value: float, device) -> float:
     torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MIN)
     return tensor.item()
 
-
-def _is_rank0() -> bool:
-    return not (torch.distributed.is_available() and torch.distributed.is_initialized()) or torch.distributed.get_rank() == 0

@@ -45,6 +45,7 @@ from nbddp.formats import checkpoint_markers
 from nbddp.errors import UsageError
 from nbddp.runtime import patches
 from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.rank import is_main_process
 
 _trainers_per_output_dir = {}  # os.path.realpath(output_dir) -> trainers of this process given a folder in it
 
@@ -108,7 +109,7 @@ def resume_point(trainer, why: str, world_size: int) -> str | None:
     """
     folder = checkpoint_folder(trainer)
     decision = [None, None]  # (the checkpoint's path, why resuming it is refused)
-    if not dist.is_initialized() or dist.get_rank() == 0:
+    if is_main_process():
         for path in checkpoint_markers.incomplete_dirs(folder):
             log.info(f"nbddp: removing {path}: incomplete (the run stopped while writing it)")
             checkpoint_markers.remove(path)
