@@ -221,3 +221,14 @@ def test_a_missing_package_gets_a_line_saying_where_to_install_it(tmp_path):
     assert "runs on CUDA GPUs only: pip install vllm on a GPU host" in report.splitlines()[-1]
     error = ImportError("cannot import name 'x'")  # an installed package without the name: no install hint
     assert "nbddp: hint" not in tracebacks.format_report(type(error), error, None, "train.py")
+
+
+def test_files_missing_from_an_offline_hub_cache_get_a_line_saying_how_to_fetch_them(tmp_path):
+    try:
+        raise OSError("Cannot find an appropriate cached snapshot folder for the specified revision on the local disk "
+                      "and outgoing traffic has been disabled. To enable repo look-ups and downloads online, set "
+                      "'HF_HUB_OFFLINE=0' as environment variable.")
+    except OSError as error:
+        report = tracebacks.format_report(type(error), error, error.__traceback__, str(tmp_path / "train.py"))
+    assert report.splitlines()[-1].startswith("nbddp: hint: the Hugging Face hub is offline here")
+    assert "`hf download <repo id>`" in report

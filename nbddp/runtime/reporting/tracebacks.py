@@ -12,8 +12,8 @@ exits with the error's status (2):
     nbddp: error: data/x.jsonl row 17: missing "output"
       generated/train.py line 61 comes from notebooks/01_data_prep.ipynb, cell 9, line 3
 
-An error whose cause under DDP is known gets a line saying what to do (`HINTS`), and so does a missing package
-(`missing_module_hint`: export leaves out the notebook's `!pip install` cell):
+An error whose cause under DDP (or on an offline machine) is known gets a line saying what to do (`HINTS`), and so
+does a missing package (`missing_module_hint`: export leaves out the notebook's `!pip install` cell):
 
     nbddp: hint: under DDP every trainable parameter must get a gradient in every step; ...
 
@@ -31,7 +31,7 @@ from nbddp.errors import NbddpError
 from nbddp.runtime import patches
 from nbddp.formats.sourcemap import SourceMap, SourceMapError, sourcemap_path
 
-# (text of the exception, what to do): causes that DDP adds to a notebook that trains on one GPU.
+# (text of the exception, what to do): causes that DDP, or the machine a script is moved to, adds to a notebook.
 HINTS = (
     ("Expected to have finished reduction in the prior iteration",
      "under DDP every trainable parameter must get a gradient in every step, and some of this model's get none "
@@ -39,6 +39,10 @@ HINTS = (
      "find_unused_parameters=True with gradient accumulation). Leave them out of "
      "get_peft_model's target_modules, or let DDP look for them in every step (--set "
      "ddp_find_unused_parameters=true; slower, and re-entrant gradient checkpointing may refuse it)"),
+    ("outgoing traffic has been disabled",
+     "the Hugging Face hub is offline here (HF_HUB_OFFLINE) and the file is not in its cache: fetch the model or "
+     "dataset where the hub can be reached (`hf download <repo id>`, or run the notebook's loading cell there once), "
+     "point the notebook at a local folder, or unset HF_HUB_OFFLINE"),
 )
 
 
