@@ -423,6 +423,8 @@ class Runner:
         if vision and "AutoModelForCausalLM" in facts.auto_models:  # a remote-code vision model's own class
             source = standins.remote_code_variant(source, "AutoModelForCausalLM", self.args.work / "models")
         model = self.weights(python, source)
+        if source.name == "tiny-orpheus":
+            model = standins.speaking_orpheus_variant(model, self.args.work / "models")
         datasets = {i: self.datasets[i] for i in self.datasets if i in facts.dataset_ids or facts.mentions(i)}
         # beside the notebook, where its cells run (the script's workdir), as a user's data would be
         standins.assemble(folder, standins.model_standin_names(facts.model_ids), model, datasets)

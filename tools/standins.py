@@ -20,7 +20,9 @@ makes that copy of the tiny chat model. A vision notebook that sets one of Unslo
 family whose processor brings a template of its own, which its notebooks train on (PaddleOCR-VL's `User: ...
 \nAssistant: ...`), gets that template and image token (`own_vision_template`) the same way. A family neither tiny
 model can stand in for (Whisper, a speech-to-text model; Orpheus, whose token ids go past tiny-chat's vocabulary;
-Sesame's CSM, a text-to-speech model) has its own tiny model (`FAMILY_MODELS`).
+Sesame's CSM, a text-to-speech model) has its own tiny model (`FAMILY_MODELS`). Orpheus's notebook decodes what the
+model generates as SNAC code frames, which random weights never write: `speaking_orpheus_variant` sets the built
+tiny Orpheus's weights so that it does (`ORPHEUS_SPEECH`).
 """
 import functools
 import json
@@ -303,3 +305,48 @@ def muse_glimmer_variant(source: Path, folder: Path) -> Path:
             (staging / name).write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     return _variant(source, folder / f"{source.name}-muse-glimmer", change)
+
+
+# Orpheus's generation grammar, as its notebook parses it: after the prompt, start of speech (128257), then frames
+# of 7 SNAC codes, the k-th of a frame among ids 128266 + k * 4096 + [0, 4096).
+ORPHEUS_SPEECH = {"start_of_speech": 128257, "codes_start": 128266, "frame": 7, "codebook_size": 4096}
+
+
+def speaking_orpheus_variant(weights_folder: Path, folder: Path) -> Path:
+    """A copy of the built tiny Orpheus (`weights_folder`, whose embeddings are tied) that writes ORPHEUS_SPEECH:
+    each token's embedding is the unit vector of its class (a frame position, start of speech, or any other id),
+    the first layer's MLP turns it into the next class's (other -> start of speech -> position 0 -> 1 ... -> 6 -> 0),
+    attention and the second layer add nothing, so every next id is sampled from its class alone. LoRA training
+    of a few steps leaves those margins (about 45 logits) as they were."""
+    def change(staging):
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        config = json.loads((staging / "config.json").read_text(encoding="utf-8"))
+        weights = load_file(staging / "model.safetensors")
+        hidden, classes = config["hidden_size"], ORPHEUS_SPEECH["frame"] + 2  # the frame's positions, start, other
+        start, other = classes - 2, classes - 1
+        following = {**{k: (k + 1) % ORPHEUS_SPEECH["frame"] for k in range(ORPHEUS_SPEECH["frame"])},
+                     other: start, start: 0}
+        token_class = torch.full((config["vocab_size"],), other)
+        codes = torch.arange(ORPHEUS_SPEECH["frame"] * ORPHEUS_SPEECH["codebook_size"])
+        token_class[ORPHEUS_SPEECH["codes_start"] + codes] = codes // ORPHEUS_SPEECH["codebook_size"]
+        token_class[ORPHEUS_SPEECH["start_of_speech"]] = start
+        scale = 4.0
+        weights["model.embed_tokens.weight"] = scale * torch.nn.functional.one_hot(token_class, hidden).float()
+        activation = torch.nn.functional.silu(torch.tensor(hidden ** 0.5)) * hidden ** 0.5  # a class unit's, normed
+        for layer in range(config["num_hidden_layers"]):
+            prefix = f"model.layers.{layer}."
+            for name in ("self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"):
+                weights[prefix + name + ".weight"].zero_()
+            for name in ("input_layernorm", "post_attention_layernorm"):
+                weights[prefix + name + ".weight"].fill_(1.0)
+        for unit, (now, then) in enumerate(following.items()):
+            weights["model.layers.0.mlp.gate_proj.weight"][unit, now] = 1.0
+            weights["model.layers.0.mlp.up_proj.weight"][unit, now] = 1.0
+            weights["model.layers.0.mlp.down_proj.weight"][then, unit] = scale / activation
+            weights["model.layers.0.mlp.down_proj.weight"][now, unit] = -scale / activation
+        weights["model.norm.weight"].fill_(1.0)
+        save_file(weights, staging / "model.safetensors", metadata={"format": "pt"})
+
+    return _variant(weights_folder, folder / f"{weights_folder.name}-speaking", change)

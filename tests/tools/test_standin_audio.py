@@ -78,3 +78,55 @@ def test_a_codec_without_its_package_gets_no_folder(tmp_path, monkeypatch):
     assert standin_datasets.build(tmp_path, "hubertsiuzdak/snac_24khz") is None
     assert not (tmp_path / "hubertsiuzdak" / "snac_24khz").exists()
 
+
+
+def test_the_speaking_orpheus_writes_snac_frames_that_the_notebook_decodes(tmp_path, monkeypatch):
+    """Orpheus_(3B)-TTS's inference cell: prompt ids, sampling as it sets it, then the last start of speech, frames
+    of 7 ids less 128266 + k * 4096 each, which SNAC's codebooks (4096 codes) must hold."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from tools.standins import speaking_orpheus_variant
+
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
+    folder = speaking_orpheus_variant(Path(ensure_weights(str(REPO / "models" / "tiny-orpheus"))), tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    prompt = torch.tensor([[128259, 128000, 40, 41, 42, 128009, 128260]])  # SOH SOT text EOT EOH
+    torch.manual_seed(0)
+    generated = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=1 + 7 * 6,
+                               do_sample=True, temperature=0.6, top_p=0.95, repetition_penalty=1.1,
+                               eos_token_id=128258)[0, prompt.shape[1]:]
+    assert generated[0] == 128257  # start of speech
+    codes = generated[1:] - 128266
+    assert len(codes) == 7 * 6
+    layers = codes.view(6, 7) - torch.arange(7) * 4096
+    assert ((0 <= layers) & (layers < 4096)).all()
+    assert len(set(layers[:, 0].tolist())) > 1  # sampled within each codebook, not one fixed code
+
+
+SESAME_TEXT = "Sesame is a super cool TTS model which can be fine tuned with Unsloth."
+
+
+def test_the_tiny_csm_generates_only_codes_that_its_codec_decodes(tmp_path, monkeypatch):
+    """Sesame_CSM_(1B)-TTS's two text-only generations: a random backbone also picks the ids after the 2048 codes
+    (on Transformers 4.56, greedy: 2049 for the first in float32, the second in bfloat16), which Mimi cannot
+    decode; the stand-in's generation config leaves them out, for the backbone and the depth decoder."""
+    import torch
+    from transformers import AutoProcessor, CsmForConditionalGeneration
+
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+
+    monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
+    processor = AutoProcessor.from_pretrained(REPO / "models" / "tiny-csm")
+    model = CsmForConditionalGeneration.from_pretrained(ensure_weights(str(REPO / "models" / "tiny-csm")))
+    prompts = [processor("[0]We just finished fine tuning a text to speech model... and it's pretty good!",
+                         add_special_tokens=True, return_tensors="pt"),
+               processor.apply_chat_template([{"role": "0", "content": [{"type": "text", "text": SESAME_TEXT}]}],
+                                             tokenize=True, return_dict=True)]
+    for dtype in (torch.float32, torch.bfloat16):
+        for inputs in prompts:
+            codes = model.to(dtype).generate(**inputs, max_new_tokens=125)
+            assert codes.shape[-1] == 4 and codes.max() < 2048
+    audio = model.float().generate(**prompts[1], max_new_tokens=25, output_audio=True)
+    assert audio[0].ndim == 1 and audio[0].numel() > 0
