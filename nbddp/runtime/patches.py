@@ -70,7 +70,8 @@ PATCHES = {
         "gathers the LoRA weights at the end of training (trainer.fsdp)"),
     "fsdp-gathered-save": Patch(
         "peft.PeftModel.save_pretrained", "peft", "--strategy fsdp",
-        "writes those gathered weights rather than this rank's shards (trainer.fsdp)"),
+        "writes those gathered weights rather than this rank's shards, finding them by module names without "
+        "FSDP1's wrapper segments, which PEFT 0.21's by-name selection does not drop (trainer.fsdp)"),
     "unsloth-fallback-module": Patch(
         'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"], '
         '["unsloth_zoo.utils"], ["unsloth_zoo"]', "python",

@@ -110,10 +110,16 @@ WORKER = textwrap.dedent('''
     model, _ = FastLanguageModel.from_pretrained(model_path, max_seq_length=32, load_in_4bit=False)
     model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
     batch = torch.tensor([[1, 3, 4, 5, 6, 3, 7], [1, 8, 9, 10, 11, 12, 2]])
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    for layer in model.base_model.model.model.layers:  # as accelerate's TRANSFORMER_BASED_WRAP does
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+    if sys.argv[3] == "fsdp1":  # as accelerate wraps a PEFT model: the trainable modules in units of their own
+        from peft.utils.other import fsdp_auto_wrap_policy
+        from torch.distributed.fsdp import FullyShardedDataParallel
+        model = FullyShardedDataParallel(model, auto_wrap_policy=fsdp_auto_wrap_policy(model), use_orig_params=False,
+                                         device_id=torch.device("cpu"))
+    else:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+        for layer in model.base_model.model.model.layers:  # as accelerate's TRANSFORMER_BASED_WRAP does
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     model(input_ids=batch, labels=batch).loss.backward()
     optimizer.step()
@@ -121,11 +127,12 @@ WORKER = textwrap.dedent('''
     from transformers import TrainerState
     state = TrainerState(is_world_process_zero=rank == 0)
     from types import SimpleNamespace
-    fsdp.gather_adapter_class()().on_train_end(SimpleNamespace(world_size=2), state, None, model=model)
+    fsdp.gather_adapter_class()().on_train_end(SimpleNamespace(world_size=dist.get_world_size()), state, None,
+                                               model=model)
     if rank == 0:
-        model.save_pretrained(out)
+        fsdp.peft_model_of(model).save_pretrained(out)
         with torch.no_grad():
-            full = {name: tensor for name, tensor in model.nbddp_gathered.items()}
+            full = {name: tensor for name, tensor in fsdp.peft_model_of(model).nbddp_gathered.items()}
         json.dump({"keys": sorted(full), "sums": {k: float(v.double().sum()) for k, v in full.items()}},
                   open(os.path.join(out, "gathered.json"), "w"))
     dist.barrier()
@@ -133,8 +140,12 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.parametrize("version, processes", [("fsdp2", 2), ("fsdp1", 1)])
 def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_llama_dir, model_cache, tmp_path,
-                                                                          strategy_restored):
+                                                                          strategy_restored, version, processes):
+    """FSDP2 on 2 processes; FSDP1 (a notebook's own fsdp_config) on 1, as on CPU this torch's FSDP1 fails its
+    own full state dict with 2 (unflatten: "storage of size 0"). FSDP1's wrapper modules put `_fsdp_wrapped_module.`
+    in the names PEFT picks an adapter's weights by: it saved none of them, on one H200 and here."""
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -145,8 +156,9 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
     model_path = ensure_weights(str(tiny_llama_dir))
     worker, out = tmp_path / "worker.py", tmp_path / "adapter"
     worker.write_text(WORKER)
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                             str(worker), model_path, str(out)], capture_output=True, text=True, timeout=300)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                             str(processes), str(worker), model_path, str(out), version], capture_output=True,
+                            text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     gathered = json.loads((out / "gathered.json").read_text())
     saved = load_file(out / "adapter_model.safetensors")

@@ -12,7 +12,8 @@ an adapter's weights out of a state dict by its modules' names, which FSDP1's wr
 Saves: Trainer's own checkpoints are FSDP-aware. The notebook's `model.save_pretrained(...)`, which export guards
 to the main process, cannot gather the shards alone (a gather is a collective of every rank), so at the end of
 training every rank gathers the trainable (LoRA) weights, small beside the model, and the main process's
-`save_pretrained` writes those (`install`): one adapter that plain PEFT loads. Generation after training on
+`save_pretrained` writes those (`install`), under FSDP1 too (a notebook's own `fsdp_config`): one adapter that
+plain PEFT loads. Generation after training on
 several GPUs is refused (`refuse_lone_generation`): it would run on the main process alone.
 
 accelerate runs FSDP only on GPUs (its state.py sets DistributedType.FSDP in the CUDA-like branch alone): on CPU
@@ -166,8 +167,23 @@ def _saves_gathered(original):
     @functools.wraps(original)
     def save_pretrained(self, save_directory, *args, **kwargs):
         gathered = getattr(self, "nbddp_gathered", None)
-        if gathered and kwargs.get("state_dict") is None:
-            kwargs["state_dict"] = gathered
-        return original(self, save_directory, *args, **kwargs)
+        if not gathered or kwargs.get("state_dict") is not None:
+            return original(self, save_directory, *args, **kwargs)
+        kwargs["state_dict"] = gathered
+        self.named_modules = functools.partial(_without_fsdp1_units, self.named_modules)
+        try:
+            return original(self, save_directory, *args, **kwargs)
+        finally:
+            del self.named_modules  # the class's again
 
     return save_pretrained
+
+
+def _without_fsdp1_units(named_modules, *args, **kwargs):
+    """`named_modules()` with FSDP1's wrapper segments left out of the names, as the gathered state dict has them:
+    PEFT (0.21) picks an adapter's weights by its modules' names, and with FSDP1's in them it saved none."""
+    for name, module in named_modules(*args, **kwargs):
+        yield name.replace(f"{FSDP1_UNIT}.", ""), module
+
+
+FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
