@@ -5,9 +5,8 @@ Transformers' Trainer with accelerate's FSDP2, set through the training argument
 (`training_kwargs`, which `ddp.training_args` applies). Unsloth's kernels do not shard (unslothai/unsloth#2767),
 so the notebook runs on the Transformers+PEFT fallback (`choose`), which loads the model without a per-rank device
 map (accelerate places the shards). A 4-bit or 8-bit (QLoRA) model is refused (`refuse_quantized`): FSDP2 with
-bitsandbytes gives wrong outputs (bitsandbytes#1945), and under FSDP1 the adapter saved was empty: PEFT 0.21 picks
-an adapter's weights out of a state dict by its modules' names, which FSDP1's wrapper modules lengthen
-(`_fsdp_wrapped_module.`), so it kept none of the 24 gathered ones (one H200, the tiny Llama in 4-bit).
+bitsandbytes gives wrong outputs (bitsandbytes#1945), and under FSDP1 the adapter saved was empty (one H200, the
+tiny Llama in 4-bit), which the gathered save below now repairs, but QLoRA under FSDP1 has not been measured since.
 
 Saves: Trainer's own checkpoints are FSDP-aware. The notebook's `model.save_pretrained(...)`, which export guards
 to the main process, cannot gather the shards alone (a gather is a collective of every rank), so at the end of
@@ -59,7 +58,7 @@ def active() -> bool:
 def refuse_quantized(model_name: str, bits: int) -> None:
     raise UsageError(f"--strategy fsdp with load_in_{bits}bit=True ({model_name}): nbddp shards only 16- and 32-bit "
                      "models. FSDP2 gives wrong outputs with bitsandbytes' 4-bit weights (bitsandbytes#1945), and "
-                     "under FSDP1 PEFT saves an empty adapter; use --strategy ddp (QLoRA keeps a "
+                     "under FSDP1 nbddp has not measured its saved adapter; use --strategy ddp (QLoRA keeps a "
                      "70B model on one 80 GB GPU), or load_in_4bit=False with --strategy fsdp")
 
 
