@@ -50,8 +50,8 @@ def build(out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     processor.save_pretrained(out_dir)
     config.save_pretrained(out_dir)
-    # A random backbone and depth decoder pick the ids after the 2048 codes too (eos 0's pad 2050 and the two
-    # before it), which the trained model never writes and Mimi's codebooks cannot decode: generation leaves them out.
+    # A random backbone and depth decoder also pick the ids after the 2048 codes (2048, 2049 and the pad 2050),
+    # which the trained model never writes and Mimi's codebooks cannot decode: generation leaves them out.
     not_codes = list(range(CODEBOOK_SIZE, CODEBOOK_SIZE + 3))
     generation = {"bos_token_id": tokenizer.bos_token_id, "pad_token_id": tokenizer.pad_token_id,
                   "suppress_tokens": not_codes, "depth_decoder_suppress_tokens": not_codes}

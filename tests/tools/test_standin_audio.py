@@ -79,7 +79,6 @@ def test_a_codec_without_its_package_gets_no_folder(tmp_path, monkeypatch):
     assert not (tmp_path / "hubertsiuzdak" / "snac_24khz").exists()
 
 
-
 def test_the_speaking_orpheus_writes_snac_frames_that_the_notebook_decodes(tmp_path, monkeypatch):
     """Orpheus_(3B)-TTS's inference cell: prompt ids, sampling as it sets it, then the last start of speech, frames
     of 7 ids less 128266 + k * 4096 each, which SNAC's codebooks (4096 codes) must hold."""

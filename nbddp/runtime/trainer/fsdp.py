@@ -12,8 +12,8 @@ Saves: Trainer's own checkpoints are FSDP-aware. The notebook's `model.save_pret
 to the main process, cannot gather the shards alone (a gather is a collective of every rank), so at the end of
 training every rank gathers the trainable (LoRA) weights, small beside the model, and the main process's
 `save_pretrained` writes those (`install`), under FSDP1 too (a notebook's own `fsdp_config`): one adapter that
-plain PEFT loads. Generation after training on
-several GPUs is refused (`refuse_lone_generation`): it would run on the main process alone.
+plain PEFT loads. Generation after training on several GPUs is refused (`refuse_lone_generation`): it would run on
+the main process alone.
 
 accelerate runs FSDP only on GPUs (its state.py sets DistributedType.FSDP in the CUDA-like branch alone): on CPU
 processes Trainer would train plain DDP without a word, so `--strategy fsdp` without CUDA is refused. A smoke run
@@ -28,6 +28,7 @@ from nbddp.runtime import patches
 
 # this process's choice, the loaded model's decoder layers, whether the smoke run's note was printed
 _chosen = {"strategy": "ddp", "layers": (), "noted": False}
+FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
 
 
 def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
@@ -184,5 +185,3 @@ def _without_fsdp1_units(named_modules, *args, **kwargs):
     for name, module in named_modules(*args, **kwargs):
         yield name.replace(f"{FSDP1_UNIT}.", ""), module
 
-
-FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
