@@ -457,7 +457,8 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
     shutil.rmtree(trial_work, ignore_errors=True)
     trial_work.mkdir(parents=True)
     output_dir = trial_work / "output"
-    flags = variant_flags()[variant]
+    # the cells run where the stand-ins are (the script's default is the notebook's folder, as in Jupyter)
+    flags = ["--workdir", facts["dir"], *variant_flags()[variant]]
     command = launch_command(facts["script"], flags)
     started = time.monotonic()
     with open(trial_work / "log.txt", "w", encoding="utf-8") as console:

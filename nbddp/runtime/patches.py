@@ -70,8 +70,17 @@ PATCHES = {
         "gathers the LoRA weights at the end of training (trainer.fsdp)"),
     "fsdp-gathered-save": Patch(
         "peft.PeftModel.save_pretrained", "peft", "--strategy fsdp",
-        "writes those gathered weights rather than this rank's shards, finding them by module names without "
-        "FSDP1's wrapper segments, which PEFT 0.21's by-name selection does not drop (trainer.fsdp)"),
+        "writes those gathered weights rather than this rank's shards (trainer.fsdp)"),
+    "fsdp1-adapter-names": Patch(
+        "peft.tuners.tuners_utils._get_tuner_state_dict_key_prefixes", "peft", "--strategy fsdp",
+        "PEFT 0.21 picks an adapter's weights by module names and drops only a leading FSDP1 wrapper segment: with "
+        "decoder layers in FSDP1 units of their own, every adapter save (the notebook's, Trainer's checkpoints) "
+        "was empty and a resume restored nothing (trainer.fsdp)"),
+    "fsdp1-adapter-load": Patch(
+        "peft.set_peft_model_state_dict", "peft", "--strategy fsdp",
+        "PEFT 0.21 tells a PeftModel by its parameter names, which an FSDP1 unit's flat parameter lacks: it cut "
+        "`base_model.model.` off the keys of the checkpoint accelerate loads on resume, and loaded nothing "
+        "(trainer.fsdp)"),
     "unsloth-fallback-module": Patch(
         'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"], '
         '["unsloth_zoo.utils"], ["unsloth_zoo"]', "python",

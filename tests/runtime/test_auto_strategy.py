@@ -114,13 +114,15 @@ def test_one_process_has_nothing_to_shard_across():
     assert "one process has nothing to shard across; run on 2+ GPUs" in choice.reason
 
 
-def test_a_quantized_model_that_does_not_fit_stays_on_ddp_saying_what_to_do():
+def test_a_4bit_model_that_does_not_fit_is_sharded_and_an_8bit_one_stays_on_ddp_saying_what_to_do():
     choice = auto_strategy.decide(planned(load_in_4bit=True), LLAMA_70B, 24.0, world_size=4, unsloth=True)
-    assert choice.strategy == "ddp" and choice.warning
-    assert "4-bit" in choice.reason and "FSDP shards only 16- and 32-bit models" in choice.reason
-    assert auto_strategy.describe(choice).startswith("nbddp: warning: --strategy auto: ddp: ")
+    assert choice.strategy == "fsdp" and "4-bit" in choice.reason and "sharded across the 4 processes" in choice.reason
     prequantized = auto_strategy.decide(planned("unsloth/llama-3-70b-bnb-4bit"), LLAMA_70B, 24.0, 4, unsloth=True)
-    assert prequantized.strategy == "ddp" and "4-bit" in prequantized.reason
+    assert prequantized.strategy == "fsdp" and "4-bit" in prequantized.reason
+    choice = auto_strategy.decide(planned(load_in_8bit=True), LLAMA_70B, 24.0, world_size=4, unsloth=True)
+    assert choice.strategy == "ddp" and choice.warning
+    assert "8-bit" in choice.reason and "FSDP does not shard bitsandbytes' 8-bit weights" in choice.reason
+    assert auto_strategy.describe(choice).startswith("nbddp: warning: --strategy auto: ddp: ")
 
 
 def test_an_unknown_micro_batch_is_sized_at_one_row_and_said():

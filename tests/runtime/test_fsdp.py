@@ -19,7 +19,7 @@ from nbddp.runtime.trainer import fsdp
 @pytest.fixture
 def strategy_restored():
     yield
-    fsdp._chosen.update(strategy="ddp", layers=(), noted=False)
+    fsdp._chosen.update(strategy="ddp", layers=(), quantized=False, noted=False)
 
 
 def test_ddp_keeps_the_backend_and_fsdp_takes_the_fallback(strategy_restored):
@@ -59,10 +59,87 @@ def test_a_smoke_run_outside_torchrun_trains_as_written(strategy_restored, monke
     assert fsdp.training_kwargs({"learning_rate": 2e-4}) == {"learning_rate": 2e-4}
 
 
-def test_a_quantized_model_is_refused_saying_why(strategy_restored):
-    with pytest.raises(UsageError, match=r"--strategy fsdp with load_in_4bit=True \(unsloth/x-bnb-4bit\): .*"
-                                         r"bitsandbytes#1945.*use --strategy ddp"):
-        fsdp.refuse_quantized("unsloth/x-bnb-4bit", 4)
+def test_an_8bit_model_is_refused_saying_why(strategy_restored):
+    with pytest.raises(UsageError, match=r"--strategy fsdp with load_in_8bit=True \(unsloth/x\): .*4-bit ones "
+                                         r"\(QLoRA, under FSDP1\).*or --strategy ddp"):
+        fsdp.refuse_8bit("unsloth/x")
+
+
+def test_a_4bit_model_is_sharded_by_fsdp1_with_flat_parameters(strategy_restored, monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    assert fsdp.training_kwargs({})["fsdp_config"]["version"] == 2
+    fsdp.shard_4bit()
+    assert fsdp.training_kwargs({})["fsdp_config"] == {
+        "version": 1, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "state_dict_type": "FULL_STATE_DICT",
+        "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": False,
+        "cpu_ram_efficient_loading": False}
+
+
+def _checkpoint(folder, quantization=None):
+    """A model folder as AutoConfig reads it: the tiny Llama's config, saved already quantized when given."""
+    import shutil
+    from pathlib import Path
+
+    folder.mkdir(parents=True)
+    config = json.loads((Path(__file__).parents[2] / "models" / "tiny-llama" / "config.json").read_text())
+    if quantization is not None:
+        config["quantization_config"] = {"quant_method": "bitsandbytes", **quantization}
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+PREQUANTIZED = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_quant_storage": "uint8"}
+
+
+def test_a_checkpoint_saved_in_4_bits_is_loaded_from_its_base(tmp_path, capsys):
+    import torch
+
+    base = _checkpoint(tmp_path / "tiny")
+    packed = _checkpoint(tmp_path / "tiny-bnb-4bit", PREQUANTIZED)
+    assert fsdp.shardable_checkpoint(packed, False, torch.bfloat16) == (base, True)
+    assert f"loading {base} and quantizing it as it loads" in capsys.readouterr().out
+    assert fsdp.shardable_checkpoint(base, True, torch.bfloat16) == (base, True)  # quantized as it loads anyway
+    stored_alike = _checkpoint(tmp_path / "alike-bnb-4bit", {**PREQUANTIZED, "bnb_4bit_quant_storage": "bfloat16"})
+    assert fsdp.shardable_checkpoint(stored_alike, False, torch.bfloat16) == (stored_alike, True)
+
+
+@pytest.mark.parametrize("name, quantization, message", [
+    ("orphan-bnb-4bit", PREQUANTIZED, r"'[^']*orphan', the checkpoint its name names as its base, cannot be loaded"),
+    ("packed", PREQUANTIZED, r"packed in uint8, .* its name names no base checkpoint .*or use --strategy ddp"),
+    ("eight", {"load_in_8bit": True}, r"load_in_8bit=True .*not bitsandbytes' 8-bit weights"),
+])
+def test_a_quantized_checkpoint_fsdp_cannot_shard_is_refused(tmp_path, name, quantization, message):
+    import torch
+
+    with pytest.raises(UsageError, match=message):
+        fsdp.shardable_checkpoint(_checkpoint(tmp_path / name, quantization), True, torch.bfloat16)
+
+
+def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir, model_cache, strategy_restored,
+                                                                  monkeypatch):
+    """prepare_model_for_kbit_training casts the norms to float32, and FSDP1 flattens a layer's frozen weights into
+    one tensor of one dtype ("Must flatten tensors with uniform dtype", on one H200): under FSDP it is skipped, as
+    TRL does for sharded QLoRA."""
+    import peft
+
+    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+
+    def cast(model, **kwargs):
+        raise AssertionError("prepare_model_for_kbit_training under FSDP")
+
+    monkeypatch.setattr(peft, "prepare_model_for_kbit_training", cast)
+    fsdp._chosen.update(strategy="fsdp")
+    model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
+                                                 load_in_4bit=False)
+    model.hf_quantizer = object()  # as a bitsandbytes model has (bitsandbytes itself needs CUDA)
+    FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
+    fsdp._chosen.update(strategy="ddp")
+    with pytest.raises(AssertionError, match="under FSDP"):
+        FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
 
 
 def test_the_training_arguments_take_them(strategy_restored, monkeypatch):
@@ -104,6 +181,7 @@ WORKER = textwrap.dedent('''
     from nbddp.runtime.trainer import fsdp
 
     model_path, out = sys.argv[1], sys.argv[2]
+    fsdp.install()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
@@ -123,18 +201,33 @@ WORKER = textwrap.dedent('''
     optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
     model(input_ids=batch, labels=batch).loss.backward()
     optimizer.step()
-    fsdp.install()
     from transformers import TrainerState
     state = TrainerState(is_world_process_zero=rank == 0)
     from types import SimpleNamespace
     fsdp.gather_adapter_class()().on_train_end(SimpleNamespace(world_size=dist.get_world_size()), state, None,
                                                model=model)
+    restored = None
+    if sys.argv[3] == "fsdp1":  # a Trainer checkpoint and its resume, as accelerate's save_/load_fsdp_model do them
+        import peft
+        from torch.distributed.fsdp import FullStateDictConfig, FullyShardedDataParallel, StateDictType
+        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
+            trained = {k: v.clone() for k, v in model.state_dict().items() if "lora_" in k}
+            checkpoint = peft.get_peft_model_state_dict(model, adapter_name=model.active_adapter)
+        with torch.no_grad():
+            for parameter in model.parameters():
+                if parameter.requires_grad:
+                    parameter.zero_()
+        with FullyShardedDataParallel.state_dict_type(model, StateDictType.FULL_STATE_DICT, FullStateDictConfig()):
+            peft.set_peft_model_state_dict(model, checkpoint, adapter_name=model.active_adapter)
+            now = model.state_dict()
+        restored = {"checkpoint_keys": len(checkpoint), "trained": len(trained),
+                    "equal": sum(torch.equal(now[k], v) for k, v in trained.items())}
     if rank == 0:
         fsdp.peft_model_of(model).save_pretrained(out)
         with torch.no_grad():
             full = {name: tensor for name, tensor in fsdp.peft_model_of(model).nbddp_gathered.items()}
-        json.dump({"keys": sorted(full), "sums": {k: float(v.double().sum()) for k, v in full.items()}},
-                  open(os.path.join(out, "gathered.json"), "w"))
+        json.dump({"keys": sorted(full), "sums": {k: float(v.double().sum()) for k, v in full.items()},
+                   "restored": restored}, open(os.path.join(out, "gathered.json"), "w"))
     dist.barrier()
     dist.destroy_process_group()
 ''')
@@ -172,5 +265,9 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
     assert {key: tuple(tensor.shape) for key, tensor in saved.items()} == shapes
     for key, total in gathered["sums"].items():
         assert float(saved[key.replace(".default", "")].double().sum()) == pytest.approx(total)
+    if version == "fsdp1":  # its checkpoint holds every LoRA weight, and loading it puts each back
+        trained = gathered["restored"]["trained"]
+        assert trained == len(saved) and gathered["restored"] == {"checkpoint_keys": trained, "trained": trained,
+                                                                  "equal": trained}
     reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_path), out)  # plain PEFT
     assert sum(1 for name, _ in reloaded.named_parameters() if "lora_" in name) == len(saved)

@@ -166,7 +166,9 @@ class FastLanguageModel:
         # "unsloth" mode is its own offloading variant, here plain gradient checkpointing.
         checkpointing = peft_mode(use_gradient_checkpointing) != "off"
         checkpointing_kwargs = {"use_reentrant": False}
-        if getattr(model, "hf_quantizer", None) is not None:
+        # Under FSDP (as TRL does for sharded QLoRA) not: it casts the norms to float32, and FSDP1 flattens a
+        # layer's frozen weights into one tensor of one dtype
+        if getattr(model, "hf_quantizer", None) is not None and not fsdp.active():
             model = prepare_model_for_kbit_training(
                 model, use_gradient_checkpointing=checkpointing, gradient_checkpointing_kwargs=checkpointing_kwargs
             )
@@ -360,12 +362,17 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     the model's context length when None, as Unsloth's FastLlamaModel does)."""
     dtype = _resolve_dtype(dtype)
     options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
+    if fsdp.active() and not full_finetuning:
+        model_name, load_in_4bit = fsdp.shardable_checkpoint(model_name, load_in_4bit, dtype, token, trust_remote_code)
     if (load_in_4bit or load_in_8bit) and not full_finetuning:
-        if fsdp.active():
-            fsdp.refuse_quantized(model_name, 4 if load_in_4bit else 8)
-        quantization = _quantization_config(load_in_4bit, dtype)
+        if fsdp.active() and not load_in_4bit:
+            fsdp.refuse_8bit(model_name)
+        # FSDP1 flattens the 4-bit weights with the others into one tensor: one storage dtype for all
+        quantization = _quantization_config(load_in_4bit, dtype, storage=dtype if fsdp.active() else None)
         if quantization is not None:
             options["quantization_config"] = quantization
+            if fsdp.active():
+                fsdp.shard_4bit()
     if fsdp.active():
         device_map = None  # the whole model in CPU memory; accelerate puts each rank's shards on its GPU
     elif device_map is None and torch.cuda.is_available():
@@ -488,8 +495,9 @@ def _resolve_dtype(dtype):
     return torch.bfloat16 if is_bfloat16_supported() else torch.float16
 
 
-def _quantization_config(load_in_4bit: bool, compute_dtype):
-    """bitsandbytes quantisation, or None (full precision, with a warning) where it cannot run."""
+def _quantization_config(load_in_4bit: bool, compute_dtype, storage=None):
+    """bitsandbytes quantisation, or None (full precision, with a warning) where it cannot run; `storage`: the
+    dtype 4-bit weights are packed in (bitsandbytes' default uint8 when None)."""
     from transformers import BitsAndBytesConfig
 
     if not (torch.cuda.is_available() and importlib.util.find_spec("bitsandbytes")):
@@ -502,6 +510,7 @@ def _quantization_config(load_in_4bit: bool, compute_dtype):
         bnb_4bit_quant_type="nf4",
         bnb_4bit_use_double_quant=True,
         bnb_4bit_compute_dtype=compute_dtype,
+        **({"bnb_4bit_quant_storage": storage} if storage is not None else {}),
     )
 
 

@@ -6,8 +6,8 @@ from the script's source), that model's config.json (a local folder, or the Hugg
 downloaded), and the memory estimate (`memory.memory_estimate`: the cheapest gradient checkpointing mode that fits
 `HEADROOM` of the GPU's total memory). DDP without a GPU (accelerate runs FSDP only on GPUs), with one process
 (FSDP has nothing to shard across), with `--backend unsloth`, and whenever the model is not known before the
-cells run. A quantized (4-bit or 8-bit) model that does not fit stays on DDP with a warning: FSDP refuses those
-(`fsdp.refuse_quantized`). The choice and its numbers are one line of rank 0's (`describe`).
+cells run. An 8-bit model that does not fit stays on DDP with a warning: FSDP refuses those (`fsdp.refuse_8bit`);
+a 4-bit one (QLoRA) is sharded with FSDP1. The choice and its numbers are one line of rank 0's (`describe`).
 """
 import json
 from dataclasses import dataclass
@@ -92,11 +92,11 @@ def decide(planned: PlannedModel, config: dict, gpu_gib: float, world_size: int,
     if explicit_unsloth:
         return Choice("ddp", f"{numbers}: does not fit, and --backend unsloth does not shard (FSDP takes "
                              "--backend auto or hf)", warning=True)
-    if quantized:
-        return Choice("ddp", f"{numbers}: does not fit, and FSDP shards only 16- and 32-bit models (see --strategy "
-                             "fsdp); use a GPU with more memory, a shorter max_seq_length or a smaller "
-                             "per_device_train_batch_size, or load_in_4bit=False with --strategy fsdp on 2+ GPUs",
-                      warning=True)
+    if quantized and not four_bit:
+        return Choice("ddp", f"{numbers}: does not fit, and FSDP does not shard bitsandbytes' 8-bit weights (see "
+                             "--strategy fsdp); use a GPU with more memory, a shorter max_seq_length or a smaller "
+                             "per_device_train_batch_size, or load_in_4bit=True (QLoRA, which FSDP shards) on 2+ "
+                             "GPUs", warning=True)
     if world_size < 2:
         return Choice("ddp", f"{numbers}: does not fit, and one process has nothing to shard across; run on 2+ GPUs "
                              "(auto then shards it with FSDP), or with load_in_4bit=True (QLoRA under DDP)",

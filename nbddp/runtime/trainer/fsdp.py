@@ -4,9 +4,10 @@ DDP keeps a whole model on every GPU; FSDP keeps 1/N of it, for models that do n
 Transformers' Trainer with accelerate's FSDP2, set through the training arguments the notebook builds
 (`training_kwargs`, which `ddp.training_args` applies). Unsloth's kernels do not shard (unslothai/unsloth#2767),
 so the notebook runs on the Transformers+PEFT fallback (`choose`), which loads the model without a per-rank device
-map (accelerate places the shards). A 4-bit or 8-bit (QLoRA) model is refused (`refuse_quantized`): FSDP2 with
-bitsandbytes gives wrong outputs (bitsandbytes#1945), and under FSDP1 the adapter saved was empty (one H200, the
-tiny Llama in 4-bit), which the gathered save below now repairs, but QLoRA under FSDP1 has not been measured since.
+map (accelerate places the shards). A 4-bit (QLoRA) model is sharded with FSDP1 instead (`shard_4bit`: FSDP2
+with bitsandbytes gives wrong outputs, bitsandbytes#1945), with flat parameters (FSDP1's original parameters fail
+its full state dict on bitsandbytes' base layers) and its 4-bit weights stored in the compute dtype
+(`bnb_4bit_quant_storage`) so that FSDP can flatten them with the rest; an 8-bit one is refused (`refuse_8bit`).
 
 Saves: Trainer's own checkpoints are FSDP-aware. The notebook's `model.save_pretrained(...)`, which export guards
 to the main process, cannot gather the shards alone (a gather is a collective of every rank), so at the end of
@@ -26,8 +27,8 @@ from nbddp.errors import UsageError
 from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.runtime import patches
 
-# this process's choice, the loaded model's decoder layers, whether the smoke run's note was printed
-_chosen = {"strategy": "ddp", "layers": (), "noted": False}
+# this process's choice, the loaded model's decoder layers, whether it is 4-bit, whether the smoke run's note was printed
+_chosen = {"strategy": "ddp", "layers": (), "quantized": False, "noted": False}
 FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
 
 
@@ -56,11 +57,54 @@ def active() -> bool:
     return _chosen["strategy"] == "fsdp"
 
 
-def refuse_quantized(model_name: str, bits: int) -> None:
-    raise UsageError(f"--strategy fsdp with load_in_{bits}bit=True ({model_name}): nbddp shards only 16- and 32-bit "
-                     "models. FSDP2 gives wrong outputs with bitsandbytes' 4-bit weights (bitsandbytes#1945), and "
-                     "under FSDP1 nbddp has not measured its saved adapter; use --strategy ddp (QLoRA keeps a "
-                     "70B model on one 80 GB GPU), or load_in_4bit=False with --strategy fsdp")
+def refuse_8bit(model_name: str) -> None:
+    raise UsageError(f"--strategy fsdp with load_in_8bit=True ({model_name}): nbddp shards 16- and 32-bit models "
+                     "and 4-bit ones (QLoRA, under FSDP1), not bitsandbytes' 8-bit weights; use load_in_4bit=True or "
+                     "load_in_8bit=False with --strategy fsdp, or --strategy ddp")
+
+
+def shard_4bit() -> None:
+    """The model being loaded is 4-bit: `training_kwargs` takes FSDP1 with flat parameters (the module's docstring)."""
+    _chosen["quantized"] = True
+
+
+def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None, trust_remote_code=False):
+    """`(model_name, load_in_4bit)` to load under FSDP: a checkpoint saved already quantized by bitsandbytes packs
+    its 4-bit weights in uint8 (its `bnb_4bit_quant_storage`), which FSDP1 cannot flatten with the layer's bf16
+    norms, so the checkpoint it was quantized from (the name without `-unsloth-bnb-4bit` or `-bnb-4bit`, as
+    Unsloth's hub names it) is loaded instead and quantized as it loads. UsageError when there is none."""
+    import re
+
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
+    quantization = getattr(config, "quantization_config", None) or {}
+    if not isinstance(quantization, dict):
+        quantization = quantization.to_dict()
+    if quantization.get("quant_method") != "bitsandbytes":
+        return model_name, load_in_4bit
+    if quantization.get("load_in_8bit"):
+        refuse_8bit(model_name)
+    storage = str(quantization.get("bnb_4bit_quant_storage", "uint8")).removeprefix("torch.")
+    if storage == str(dtype).removeprefix("torch."):
+        return model_name, True
+    base, problem = re.sub(r"-(unsloth-)?bnb-4bit$", "", model_name.rstrip("/")), None
+    if base == model_name.rstrip("/"):
+        problem = "its name names no base checkpoint (it does not end in -bnb-4bit)"
+    else:
+        try:
+            AutoConfig.from_pretrained(base, token=token, trust_remote_code=trust_remote_code)
+        except OSError as error:
+            problem = f"{base!r}, the checkpoint its name names as its base, cannot be loaded ({error})"
+    if problem:
+        raise UsageError(f"--strategy fsdp with {model_name!r}: a checkpoint saved in 4 bits by bitsandbytes, its "
+                         f"weights packed in {storage}, which FSDP cannot flatten with the model's "
+                         f"{str(dtype).removeprefix('torch.')} weights, and {problem}; pass the unquantized "
+                         "checkpoint as model_name with load_in_4bit=True (quantized as it loads), or use "
+                         "--strategy ddp")
+    log.info(f"nbddp: --strategy fsdp: {model_name} is stored in 4 bits packed in {storage}, which FSDP cannot "
+             f"flatten with the model's other weights; loading {base} and quantizing it as it loads instead")
+    return base, True
 
 
 def remember_model(model) -> None:
@@ -72,7 +116,7 @@ def remember_model(model) -> None:
 
 def training_kwargs(kwargs: dict) -> dict:
     """The training arguments' keywords with FSDP set (the notebook's own `fsdp`/`fsdp_config` win): full
-    sharding, each decoder layer wrapped, a full state dict for the final save, non-reentrant gradient
+    sharding (FSDP2; FSDP1 with flat parameters for a 4-bit model), each decoder layer wrapped, a full state dict for the final save, non-reentrant gradient
     checkpointing (the reentrant kind recomputes outside FSDP's hooks). Unchanged without a process group (a smoke
     run), where Trainer refuses FSDP."""
     import torch.distributed as dist
@@ -84,6 +128,8 @@ def training_kwargs(kwargs: dict) -> dict:
                      "trainer runs as the notebook wrote it")
         return kwargs
     config = {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "state_dict_type": "FULL_STATE_DICT"}
+    if _chosen["quantized"]:
+        config.update(version=1, use_orig_params=False, cpu_ram_efficient_loading=False)
     if _chosen["layers"]:
         config["transformer_layer_cls_to_wrap"] = list(_chosen["layers"])
     kwargs = {"fsdp": "full_shard auto_wrap", "fsdp_config": config, **kwargs}
@@ -122,13 +168,18 @@ def is_sharded(model) -> bool:
 
 
 def install() -> None:
-    """Every Trainer gets a `GatherAdapter` (`gather_adapter_class`) and `PeftModel.save_pretrained` writes what it
-    gathered (see the module's docstring); installing twice is once."""
+    """Every Trainer gets a `GatherAdapter` (`gather_adapter_class`), `PeftModel.save_pretrained` writes what it
+    gathered (see the module's docstring), and PEFT finds an adapter's weights under FSDP1 (`_without_fsdp1_units`);
+    installing twice is once."""
+    import peft
     from peft import PeftModel
+    from peft.tuners import tuners_utils
     from transformers import trainer as transformers_trainer
 
     patches.append("fsdp-gather-adapter", transformers_trainer.DEFAULT_CALLBACKS, gather_adapter_class())
     patches.wrap("fsdp-gathered-save", PeftModel, "save_pretrained", _saves_gathered)
+    patches.wrap("fsdp1-adapter-names", tuners_utils, "_get_tuner_state_dict_key_prefixes", _without_fsdp1_units)
+    patches.wrap("fsdp1-adapter-load", peft, "set_peft_model_state_dict", _loads_into_fsdp1)
 
 
 @functools.cache
@@ -167,21 +218,38 @@ def _saves_gathered(original):
     @functools.wraps(original)
     def save_pretrained(self, save_directory, *args, **kwargs):
         gathered = getattr(self, "nbddp_gathered", None)
-        if not gathered or kwargs.get("state_dict") is not None:
-            return original(self, save_directory, *args, **kwargs)
-        kwargs["state_dict"] = gathered
-        self.named_modules = functools.partial(_without_fsdp1_units, self.named_modules)
-        try:
-            return original(self, save_directory, *args, **kwargs)
-        finally:
-            del self.named_modules  # the class's again
+        if gathered and kwargs.get("state_dict") is None:
+            kwargs["state_dict"] = gathered
+        return original(self, save_directory, *args, **kwargs)
 
     return save_pretrained
 
 
-def _without_fsdp1_units(named_modules, *args, **kwargs):
-    """`named_modules()` with FSDP1's wrapper segments left out of the names, as the gathered state dict has them:
-    PEFT (0.21) picks an adapter's weights by its modules' names, and with FSDP1's in them it saved none."""
-    for name, module in named_modules(*args, **kwargs):
-        yield name.replace(f"{FSDP1_UNIT}.", ""), module
+def _without_fsdp1_units(original):
+    """PEFT's `_get_tuner_state_dict_key_prefixes(model, ...)` with every FSDP1 wrapper segment left out, as FSDP1's
+    state dicts have them: PEFT (0.21) drops only a leading one, so with decoder layers in units of their own it
+    picked no adapter weights, in every save and load of one (the notebook's, Trainer's checkpoints, a resume)."""
+    @functools.wraps(original)
+    def prefixes(model, *args, **kwargs):
+        return {prefix.replace(f"{FSDP1_UNIT}.", "") for prefix in original(model, *args, **kwargs)}
 
+    return prefixes
+
+
+def _loads_into_fsdp1(original):
+    """`peft.set_peft_model_state_dict` (accelerate's load of an adapter checkpoint, a resume) into an FSDP1 unit
+    holding the PeftModel: PEFT tells a PeftModel by its parameters' names starting with `base_model.model.`, which
+    the unit's own flat parameter lacks, so it cut that prefix off the checkpoint's keys and loaded nothing."""
+    @functools.wraps(original)
+    def set_peft_model_state_dict(model, *args, **kwargs):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if not isinstance(model, FullyShardedDataParallel):
+            return original(model, *args, **kwargs)
+        model.named_parameters = model.module.named_parameters
+        try:
+            return original(model, *args, **kwargs)
+        finally:
+            del model.named_parameters  # the class's again
+
+    return set_peft_model_state_dict
