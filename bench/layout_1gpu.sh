@@ -6,6 +6,8 @@
 # run in that order, each only if its preparation and first pair fit. Needs .gpu-site/site.tgz and the notebooks in
 # .gpu-site/notebooks/ (both git-ignored, carried). Results: $OUT/layout_1gpu.json (rewritten after every trial),
 # $OUT/trials/<part>/<round>_<variant>/ (metrics.jsonl, trainer_state.json, trial.json, log_excerpt.txt), $OUT/log.
+# FSDP's price on a real notebook (QLoRA under FSDP1 on the fallback vs Unsloth under DDP):
+#   LAYOUT_A_FLAGS="--strategy ddp" LAYOUT_B_FLAGS="--strategy fsdp" LAYOUT_MAX_STEPS=30 bash bench/layout_1gpu.sh 430 alpaca_1b
 # CPU check here: LAYOUT_TINY=1 PYTHON=.venv/bin/python LAYOUT_MAX_STEPS=5 OUT=/tmp/o bash bench/layout_1gpu.sh 400
 set -o pipefail
 started=$(date +%s)
