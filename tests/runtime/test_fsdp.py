@@ -94,7 +94,7 @@ def _checkpoint(folder, quantization=None):
 PREQUANTIZED = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_quant_storage": "uint8"}
 
 
-def test_a_checkpoint_saved_in_4_bits_is_loaded_from_its_base(tmp_path, capsys):
+def test_a_checkpoint_saved_in_4_bits_is_loaded_from_its_base(tmp_path, capsys, monkeypatch):
     import torch
 
     base = _checkpoint(tmp_path / "tiny")
@@ -102,6 +102,9 @@ def test_a_checkpoint_saved_in_4_bits_is_loaded_from_its_base(tmp_path, capsys):
     assert fsdp.shardable_checkpoint(packed, False, torch.bfloat16) == (base, True)
     assert f"loading {base} and quantizing it as it loads" in capsys.readouterr().out
     assert fsdp.shardable_checkpoint(base, True, torch.bfloat16) == (base, True)  # quantized as it loads anyway
+    monkeypatch.setattr(fsdp, "is_main_process", lambda: False)  # said by the main process alone
+    assert fsdp.shardable_checkpoint(packed, True, torch.bfloat16) == (base, True)
+    assert capsys.readouterr().out == ""
     stored_alike = _checkpoint(tmp_path / "alike-bnb-4bit", {**PREQUANTIZED, "bnb_4bit_quant_storage": "bfloat16"})
     assert fsdp.shardable_checkpoint(stored_alike, False, torch.bfloat16) == (stored_alike, True)
 

@@ -26,6 +26,7 @@ from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.runtime import patches
+from nbddp.runtime.rank import is_main_process
 
 # this process's choice, the loaded model's decoder layers, whether it is 4-bit, whether the smoke run's note was printed
 _chosen = {"strategy": "ddp", "layers": (), "quantized": False, "noted": False}
@@ -102,8 +103,9 @@ def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None,
                          f"{str(dtype).removeprefix('torch.')} weights, and {problem}; pass the unquantized "
                          "checkpoint as model_name with load_in_4bit=True (quantized as it loads), or use "
                          "--strategy ddp")
-    log.info(f"nbddp: --strategy fsdp: {model_name} is stored in 4 bits packed in {storage}, which FSDP cannot "
-             f"flatten with the model's other weights; loading {base} and quantizing it as it loads instead")
+    if is_main_process():
+        log.info(f"nbddp: --strategy fsdp: {model_name} is stored in 4 bits packed in {storage}, which FSDP cannot "
+                 f"flatten with the model's other weights; loading {base} and quantizing it as it loads instead")
     return base, True
 
 
