@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -69,9 +70,10 @@ def test_a_4bit_model_is_sharded_by_fsdp1_with_flat_parameters(strategy_restored
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    fsdp._chosen.update(strategy="fsdp")
+    fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"]))
     assert fsdp.training_kwargs({})["fsdp_config"]["version"] == 2
-    fsdp.shard_4bit()
+    fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"], hf_quantizer=object()))  # bnb's
     assert fsdp.training_kwargs({})["fsdp_config"] == {
         "version": 1, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "state_dict_type": "FULL_STATE_DICT",
         "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": False,

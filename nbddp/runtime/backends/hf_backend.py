@@ -371,8 +371,6 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
         quantization = _quantization_config(load_in_4bit, dtype, storage=dtype if fsdp.active() else None)
         if quantization is not None:
             options["quantization_config"] = quantization
-            if fsdp.active():
-                fsdp.shard_4bit()
     if fsdp.active():
         device_map = None  # the whole model in CPU memory; accelerate puts each rank's shards on its GPU
     elif device_map is None and torch.cuda.is_available():

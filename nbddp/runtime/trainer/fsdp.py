@@ -4,7 +4,7 @@ DDP keeps a whole model on every GPU; FSDP keeps 1/N of it, for models that do n
 Transformers' Trainer with accelerate's FSDP2, set through the training arguments the notebook builds
 (`training_kwargs`, which `ddp.training_args` applies). Unsloth's kernels do not shard (unslothai/unsloth#2767),
 so the notebook runs on the Transformers+PEFT fallback (`choose`), which loads the model without a per-rank device
-map (accelerate places the shards). A 4-bit (QLoRA) model is sharded with FSDP1 instead (`shard_4bit`: FSDP2
+map (accelerate places the shards). A 4-bit (QLoRA) model is sharded with FSDP1 instead (`remember_model`: FSDP2
 with bitsandbytes gives wrong outputs, bitsandbytes#1945), with flat parameters (FSDP1's original parameters fail
 its full state dict on bitsandbytes' base layers) and its 4-bit weights stored in the compute dtype
 (`bnb_4bit_quant_storage`) so that FSDP can flatten them with the rest; an 8-bit one is refused (`refuse_8bit`).
@@ -21,6 +21,7 @@ processes Trainer would train plain DDP without a word, so `--strategy fsdp` wit
 (one process outside torchrun) trains as the notebook wrote it: Trainer refuses FSDP without a process group.
 """
 import functools
+import re
 
 from nbddp import log
 from nbddp.errors import UsageError
@@ -28,7 +29,8 @@ from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.runtime import patches
 from nbddp.runtime.rank import is_main_process
 
-# this process's choice, the loaded model's decoder layers, whether it is 4-bit, whether the smoke run's note was printed
+# this process's choice, the loaded model's decoder layers and whether it is 4-bit, whether the smoke run's note was
+# printed
 _chosen = {"strategy": "ddp", "layers": (), "quantized": False, "noted": False}
 FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
 
@@ -64,18 +66,11 @@ def refuse_8bit(model_name: str) -> None:
                      "load_in_8bit=False with --strategy fsdp, or --strategy ddp")
 
 
-def shard_4bit() -> None:
-    """The model being loaded is 4-bit: `training_kwargs` takes FSDP1 with flat parameters (the module's docstring)."""
-    _chosen["quantized"] = True
-
-
 def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None, trust_remote_code=False):
     """`(model_name, load_in_4bit)` to load under FSDP: a checkpoint saved already quantized by bitsandbytes packs
     its 4-bit weights in uint8 (its `bnb_4bit_quant_storage`), which FSDP1 cannot flatten with the layer's bf16
     norms, so the checkpoint it was quantized from (the name without `-unsloth-bnb-4bit` or `-bnb-4bit`, as
     Unsloth's hub names it) is loaded instead and quantized as it loads. UsageError when there is none."""
-    import re
-
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(model_name, token=token, trust_remote_code=trust_remote_code)
@@ -87,10 +82,12 @@ def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None,
     if quantization.get("load_in_8bit"):
         refuse_8bit(model_name)
     storage = str(quantization.get("bnb_4bit_quant_storage", "uint8")).removeprefix("torch.")
-    if storage == str(dtype).removeprefix("torch."):
+    compute = str(dtype).removeprefix("torch.")
+    if storage == compute:
         return model_name, True
-    base, problem = re.sub(r"-(unsloth-)?bnb-4bit$", "", model_name.rstrip("/")), None
-    if base == model_name.rstrip("/"):
+    name = model_name.rstrip("/")
+    base, problem = re.sub(r"-(unsloth-)?bnb-4bit$", "", name), None
+    if base == name:
         problem = "its name names no base checkpoint (it does not end in -bnb-4bit)"
     else:
         try:
@@ -100,7 +97,7 @@ def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None,
     if problem:
         raise UsageError(f"--strategy fsdp with {model_name!r}: a checkpoint saved in 4 bits by bitsandbytes, its "
                          f"weights packed in {storage}, which FSDP cannot flatten with the model's "
-                         f"{str(dtype).removeprefix('torch.')} weights, and {problem}; pass the unquantized "
+                         f"{compute} weights, and {problem}; pass the unquantized "
                          "checkpoint as model_name with load_in_4bit=True (quantized as it loads), or use "
                          "--strategy ddp")
     if is_main_process():
@@ -111,16 +108,18 @@ def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None,
 
 def remember_model(model) -> None:
     """What `training_kwargs` needs of the loaded model: its decoder layers' classes (Transformers'
-    `_no_split_modules`, the blocks FSDP wraps one by one)."""
+    `_no_split_modules`, the blocks FSDP wraps one by one) and whether bitsandbytes quantized it (4-bit: 8-bit is
+    refused as it loads), which takes FSDP1 with flat parameters (the module's docstring)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     _chosen["layers"] = tuple(getattr(base, "_no_split_modules", None) or ())
+    _chosen["quantized"] = getattr(base, "hf_quantizer", None) is not None
 
 
 def training_kwargs(kwargs: dict) -> dict:
     """The training arguments' keywords with FSDP set (the notebook's own `fsdp`/`fsdp_config` win): full
-    sharding (FSDP2; FSDP1 with flat parameters for a 4-bit model), each decoder layer wrapped, a full state dict for the final save, non-reentrant gradient
-    checkpointing (the reentrant kind recomputes outside FSDP's hooks). Unchanged without a process group (a smoke
-    run), where Trainer refuses FSDP."""
+    sharding (FSDP2; FSDP1 with flat parameters for a 4-bit model), each decoder layer wrapped, a full state dict
+    for the final save, non-reentrant gradient checkpointing (the reentrant kind recomputes outside FSDP's hooks).
+    Unchanged without a process group (a smoke run), where Trainer refuses FSDP."""
     import torch.distributed as dist
 
     if not dist.is_initialized():  # a smoke run: one process outside torchrun, where Trainer refuses FSDP
