@@ -7,7 +7,8 @@
 # .gpu-site/notebooks/ (both git-ignored, carried). Results: $OUT/layout_1gpu.json (rewritten after every trial),
 # $OUT/trials/<part>/<round>_<variant>/ (metrics.jsonl, trainer_state.json, trial.json, log_excerpt.txt), $OUT/log.
 # FSDP's price on a real notebook (QLoRA under FSDP1 on the fallback vs Unsloth under DDP):
-#   LAYOUT_A_FLAGS="--strategy ddp" LAYOUT_B_FLAGS="--strategy fsdp" LAYOUT_MAX_STEPS=30 bash bench/layout_1gpu.sh 430 alpaca_1b
+#   LAYOUT_A_FLAGS="--strategy ddp" LAYOUT_B_FLAGS="--strategy fsdp" LAYOUT_MAX_STEPS=15 LAYOUT_RESUME_CHECK=1 \
+#     bash bench/layout_1gpu.sh 560 alpaca_1b_bf16        (alpaca_1b: QLoRA; the resume check: B saves and resumes)
 # CPU check here: LAYOUT_TINY=1 PYTHON=.venv/bin/python LAYOUT_MAX_STEPS=5 OUT=/tmp/o bash bench/layout_1gpu.sh 400
 set -o pipefail
 started=$(date +%s)
@@ -24,7 +25,7 @@ python=${PYTHON:-python3}
     "gpus", torch.cuda.device_count())'
   left=$((deadline - ($(date +%s) - started)))
   "$python" -m bench.layout_notebook run --out "$OUT" --parts "$parts" --deadline-s "$left" \
-    --work "${LAYOUT_WORK:-/tmp/layout}" --rounds "${LAYOUT_ROUNDS:-2}"
+    --work "${LAYOUT_WORK:-/tmp/layout}" --rounds "${LAYOUT_ROUNDS:-2}" ${LAYOUT_RESUME_CHECK:+--resume-check}
   echo "layout_notebook exit status $?"
 } 2>&1 | tee "$OUT/log"
 "$python" -m bench.layout_notebook summarize --out "$OUT" >/dev/null 2>&1

@@ -4,8 +4,9 @@
     python -m bench.layout_notebook summarize --out FILES_AT --json layout_1gpu.json   # again, here, afterwards
 
 Run by bench/layout_1gpu.sh (one device call, kind nvidia-h200, carry .gpu-site). Nothing downloads: each
-part copies an unmodified notebook of unslothai/notebooks from `.gpu-site/notebooks/` (git-ignored and carried,
-never committed: fetched material; `SOURCE.txt` there names the commit) into `<work>/<part>/nb/01_nb.ipynb`,
+part copies a notebook of unslothai/notebooks from `.gpu-site/notebooks/` (git-ignored and carried, never
+committed: fetched material; `SOURCE.txt` there names the commit), unmodified or with the one line its `edit`
+names changed, into `<work>/<part>/nb/01_nb.ipynb`,
 exports it with `pipeline.py export`, and runs `<work>/<part>/nb/out/train.py` from `<work>/<part>/`, where
 stand-ins sit under the hub ids the notebook names:
 
@@ -90,11 +91,16 @@ class Part:
     first_trial_s: int  # guess before a trial of the part has run (trials then count their slowest)
     prepare_s: int  # guess for materialization when the model is not there yet
     max_trial_s: int  # a trial still running then is hung
+    edit: tuple[str, str] | None = None  # (old, new): the one line of the notebook a researcher would change
 
 
 PARTS = {
     "alpaca_8b": Part("Llama3.1_(8B)-Alpaca.ipynb", "llama3-8b", "alpaca", False, 150, 45, 330),
     "alpaca_1b": Part("Llama3.1_(8B)-Alpaca.ipynb", "llama-1.1b", "alpaca", False, 80, 15, 240),
+    # bf16 LoRA: the line the notebook's own comment offers ("Use 4bit quantization to reduce memory usage. Can be
+    # False."); Unsloth's text notebooks that train in 16 bits as written are not Llama (Gemma, LFM2, Qwen3 MoE)
+    "alpaca_1b_bf16": Part("Llama3.1_(8B)-Alpaca.ipynb", "llama-1.1b", "alpaca", False, 80, 15, 240,
+                           edit=("load_in_4bit = True", "load_in_4bit = False")),
     "conversational_3b": Part("Llama3.2_(1B_and_3B)-Conversational.ipynb", "llama3.2-3b", "sharegpt", True, 110,
                               25, 270),
 }
@@ -121,16 +127,18 @@ def code_source(notebook_path):
 
 def notebook_facts(source):
     """The hub ids and settings a notebook's code names: the model of its first from_pretrained, load_in_4bit, the
-    dataset of its first load_dataset, its Alpaca template (None without one)."""
+    dataset of its first load_dataset, its Alpaca template and the folder of its first `model.save_pretrained` (None
+    without one)."""
     model = re.search(r"from_pretrained\(\s*model_name\s*=\s*[\"']([^\"']+)[\"']", source)
     dataset = re.search(r"load_dataset\(\s*[\"']([^\"']+)[\"']", source)
     four_bit = re.search(r"^load_in_4bit\s*=\s*(True|False)", source, re.M)
     prompt = re.search(r'alpaca_prompt\s*=\s*"""(.*?)"""', source, re.S)
+    saved = re.search(r"^\s*model\.save_pretrained\(\s*[\"']([^\"']+)[\"']\s*\)", source, re.M)
     if not model or not dataset:
         raise ValueError("the notebook names no from_pretrained(model_name=...) or no load_dataset(...)")
     return {"model_id": model.group(1), "dataset_id": dataset.group(1),
             "load_in_4bit": four_bit is None or four_bit.group(1) == "True",
-            "alpaca_prompt": prompt.group(1) if prompt else None}
+            "alpaca_prompt": prompt.group(1) if prompt else None, "adapter_dir": saved.group(1) if saved else None}
 
 
 def unsloth_names(model_id, load_in_4bit):
@@ -337,13 +345,19 @@ def prepare_part(name, part, work):
     if not notebook.is_file():
         return {**facts, "status": "blocked", "blocker": f"{notebook} is missing (carry .gpu-site)"}
     facts["notebook_sha256"] = hashlib.sha256(notebook.read_bytes()).hexdigest()
-    named = notebook_facts(code_source(notebook))
-    prompt = named.pop("alpaca_prompt")
-    facts.update(named)
+    text = notebook.read_text(encoding="utf-8")
+    if part.edit:
+        if text.count(part.edit[0]) != 1:
+            return {**facts, "status": "blocked", "blocker": f"the notebook has not exactly one {part.edit[0]!r}"}
+        text = text.replace(*part.edit)
+        facts["edit"] = list(part.edit)
     nb_dir = part_dir / "nb"
     shutil.rmtree(nb_dir, ignore_errors=True)
     nb_dir.mkdir(parents=True)
-    shutil.copyfile(notebook, nb_dir / "01_nb.ipynb")
+    (nb_dir / "01_nb.ipynb").write_text(text, encoding="utf-8")
+    named = notebook_facts(code_source(nb_dir / "01_nb.ipynb"))
+    prompt = named.pop("alpaca_prompt")
+    facts.update(named)
     export = subprocess.run([sys.executable, "pipeline.py", "export", "--notebooks", str(nb_dir), "--out",
                              str(nb_dir / "out")], cwd=REPO, capture_output=True, text=True)
     facts["export_returncode"] = export.returncode
@@ -449,21 +463,13 @@ def latest_trainer_state(output_dir):
     return states[-1] if states else None
 
 
-def run_trial(facts, variant, round_, timeout_s, work, out):
-    """One fresh run of the part's script; its files go to `<out>/trials/<part>/<NN>_<variant>/`."""
-    name = facts["part"]
-    label = f"{round_:02d}_{variant}"
-    trial_work = Path(work) / name / "trials" / label
-    shutil.rmtree(trial_work, ignore_errors=True)
-    trial_work.mkdir(parents=True)
-    output_dir = trial_work / "output"
-    # the cells run where the stand-ins are (the script's default is the notebook's folder, as in Jupyter)
-    flags = ["--workdir", facts["dir"], *variant_flags()[variant]]
-    command = launch_command(facts["script"], flags)
+def run_logged(command, cwd, env, log_path, timeout_s):
+    """`(returncode, timed_out, wall_s)` of `command`, its console in `log_path`; stopped (its whole process
+    group: torchrun's workers too) after `timeout_s`."""
     started = time.monotonic()
-    with open(trial_work / "log.txt", "w", encoding="utf-8") as console:
-        process = subprocess.Popen(command, cwd=facts["dir"], env=trial_env(facts["dir"], output_dir),
-                                   stdout=console, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "w", encoding="utf-8") as console:
+        process = subprocess.Popen(command, cwd=cwd, env=env, stdout=console, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
         try:
             returncode = process.wait(timeout=timeout_s)
             timed_out = False
@@ -476,7 +482,22 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
             returncode = process.returncode
-    wall = time.monotonic() - started
+    return returncode, timed_out, time.monotonic() - started
+
+
+def run_trial(facts, variant, round_, timeout_s, work, out):
+    """One fresh run of the part's script; its files go to `<out>/trials/<part>/<NN>_<variant>/`."""
+    name = facts["part"]
+    label = f"{round_:02d}_{variant}"
+    trial_work = Path(work) / name / "trials" / label
+    shutil.rmtree(trial_work, ignore_errors=True)
+    trial_work.mkdir(parents=True)
+    output_dir = trial_work / "output"
+    # the cells run where the stand-ins are (the script's default is the notebook's folder, as in Jupyter)
+    flags = ["--workdir", facts["dir"], *variant_flags()[variant]]
+    command = launch_command(facts["script"], flags)
+    returncode, timed_out, wall = run_logged(command, facts["dir"], trial_env(facts["dir"], output_dir),
+                                             trial_work / "log.txt", timeout_s)
     text = (trial_work / "log.txt").read_text(encoding="utf-8", errors="replace")
     dest = Path(out) / "trials" / name / label
     shutil.rmtree(dest, ignore_errors=True)
@@ -495,6 +516,67 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
               "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"), "returncode": returncode, "timed_out": timed_out,
               "timeout_s": timeout_s, "wall_s": wall, "log": log_facts(text)}
     (dest / "trial.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return record
+
+
+RESUME_STEPS, RESUME_AT = 10, 5
+
+
+def resume_check(facts, flags, timeout_s, work, out):
+    """Under `flags` (B's): RESUME_STEPS steps with a checkpoint every RESUME_AT ("full"), then a run given only
+    its checkpoint-RESUME_AT, as a run stopped there leaves it, with --resume true ("resumed"): its later steps'
+    losses against the full run's, and the adapter each run's notebook saved (its `adapter_dir`) reloaded with plain PEFT (bench.adapters). Returns the record, also `<out>/trials/<part>/resume.json`."""
+    name = facts["part"]
+    root = Path(work) / name / "resume"
+    shutil.rmtree(root, ignore_errors=True)
+    dest = Path(out) / "trials" / name / "resume"
+    shutil.rmtree(dest, ignore_errors=True)
+    record = {"flags": flags, "steps": RESUME_STEPS, "checkpoint_step": RESUME_AT, "runs": {}}
+    started = time.monotonic()
+    for run_name in ("full", "resumed"):
+        run_dir = root / run_name
+        output_dir = run_dir / "output"
+        output_dir.mkdir(parents=True)
+        extra = ["--set", f"save_steps={RESUME_AT}"]
+        if run_name == "resumed":
+            checkpoint = root / "full" / "output" / f"checkpoint-{RESUME_AT}"
+            if not checkpoint.is_dir():
+                record["error"] = f"the full run left no checkpoint-{RESUME_AT}"
+                break
+            shutil.copytree(checkpoint, output_dir / checkpoint.name)
+            extra += ["--resume", "true"]
+        saved = Path(facts["dir"]) / (facts["adapter_dir"] or "no-adapter-saved")
+        shutil.rmtree(saved, ignore_errors=True)
+        env = {**trial_env(facts["dir"], output_dir), "NBDDP_MAX_STEPS": str(RESUME_STEPS)}
+        command = launch_command(facts["script"], ["--workdir", facts["dir"], *flags, *extra])
+        left = timeout_s - (time.monotonic() - started)
+        returncode, timed_out, wall = run_logged(command, facts["dir"], env, run_dir / "log.txt", max(left, 1))
+        text = (run_dir / "log.txt").read_text(encoding="utf-8", errors="replace")
+        (dest / run_name).mkdir(parents=True)
+        (dest / run_name / "log_excerpt.txt").write_text(excerpt(text), encoding="utf-8")
+        steps, _, _ = read_metrics(output_dir / metrics.METRICS_FILE)
+        if saved.is_dir():
+            shutil.copytree(saved, run_dir / "lora_model")
+        record["runs"][run_name] = {
+            "command": shlex.join(command), "returncode": returncode, "timed_out": timed_out, "wall_s": wall,
+            "checkpoints": sorted(p.name for p in output_dir.glob("checkpoint-*")),
+            "loss_by_step": {r["step"]: r["loss"] for r in steps}, "saved_adapter": saved.is_dir(),
+            "resume_lines": [line for line in clean_lines(text) if "resum" in line.lower() and "nbddp" in line],
+            "errors": log_facts(text)["errors"]}
+        if returncode != 0:
+            break
+    full, resumed = (record["runs"].get(n, {}).get("loss_by_step", {}) for n in ("full", "resumed"))
+    later = sorted(step for step in resumed if step > RESUME_AT and step in full)
+    record["resumed_steps"] = sorted(resumed)
+    record["max_abs_loss_diff_after_resume"] = max((abs(resumed[s] - full[s]) for s in later), default=None)
+    if all(record["runs"].get(n, {}).get("saved_adapter") for n in ("full", "resumed")):
+        compared = subprocess.run([sys.executable, "-m", "bench.adapters",
+                                   str(Path(facts["dir"]) / facts["model_id"]), str(root / "full" / "lora_model"),
+                                   str(root / "resumed" / "lora_model")], cwd=REPO, env=trial_env(facts["dir"]),
+                                  capture_output=True, text=True)
+        record["adapters_full_vs_resumed"] = (json.loads(compared.stdout.splitlines()[-1]) if compared.returncode == 0
+                                              else compared.stderr.strip().splitlines()[-3:])
+    (dest.parent / "resume.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record
 
 
@@ -648,6 +730,8 @@ def summarize(out, dest=None):
             trials.append((record, trial_figures(*read_metrics(trial_dir / metrics.METRICS_FILE), state=state)))
         trials.sort(key=lambda t: (t[0]["round"], VARIANTS.index(t[0]["variant"])))
         parts[part_dir.name] = summarize_part(facts, trials)
+        if (part_dir / "resume.json").exists():
+            parts[part_dir.name]["resume"] = json.loads((part_dir / "resume.json").read_text())
     order = environment.get("parts_requested") or []
     parts = dict(sorted(parts.items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else len(order)))
     summary = {**environment, "parts": parts}
@@ -708,7 +792,7 @@ def pair_need(walls, first_guess, variant):
     return estimate(variant) + (estimate("B") if variant == "A" else 0)
 
 
-def run(out, part_names, deadline_s, work, rounds):
+def run(out, part_names, deadline_s, work, rounds, resume=False):
     t0 = time.monotonic()
     deadline = t0 + deadline_s - 3  # the summary after the last trial
     out, work = Path(out), Path(work)
@@ -768,6 +852,17 @@ def run(out, part_names, deadline_s, work, rounds):
             else:
                 continue
             break
+        if resume:  # each run a fresh B of RESUME_STEPS steps (of the part's), with one restart
+            need = 2 * 1.05 * walls.get("B", first) + 30
+            left = deadline - time.monotonic()
+            if left < need:
+                log(f"skip {name}'s resume check: ~{need:.0f}s needed, {left:.0f}s left")
+            else:
+                log(f"{name} resume check {variant_flags()['B']}")
+                checked = resume_check(facts, variant_flags()["B"], left, work, out)
+                log(f"  resumed steps {checked['resumed_steps']}: max abs loss diff after the resume "
+                    f"{checked['max_abs_loss_diff_after_resume']}; adapters {checked.get('adapters_full_vs_resumed')}"
+                    + (f"; {checked['error']}" if checked.get("error") else ""))
         part_summary = summarize(out)["parts"][name]
         log(f"{name}: tokens/s B/A per round {[p['tokens_per_s_ratio'] for p in part_summary['pairs']]}, median "
             f"{part_summary['median_tokens_per_s_ratio']}; max rel loss diff {part_summary['max_rel_loss_diff']}")
@@ -784,6 +879,8 @@ def main():
     run_parser.add_argument("--deadline-s", type=float, default=540)
     run_parser.add_argument("--work", type=Path, default=Path("/tmp/layout"))
     run_parser.add_argument("--rounds", type=int, default=2)
+    run_parser.add_argument("--resume-check", action="store_true",
+                            help="after each part's rounds, B's save and resume (resume_check)")
     summarize_parser = commands.add_parser("summarize")
     summarize_parser.add_argument("--out", required=True, type=Path, help="a call's $OUT (read only)")
     summarize_parser.add_argument("--json", type=Path, help=f"where to write the summary (default <out>/{SUMMARY})")
@@ -798,7 +895,7 @@ def main():
     unknown = [n for n in names if n not in PARTS]
     if unknown:
         parser.error(f"unknown parts {unknown}; known: {sorted(PARTS)}")
-    run(args.out, names, args.deadline_s, args.work, args.rounds)
+    run(args.out, names, args.deadline_s, args.work, args.rounds, args.resume_check)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,10 @@ alpaca_prompt = """Below is an instruction.
 {}"""
 from datasets import load_dataset
 dataset = load_dataset("unsloth/alpaca-cleaned", split = "train")
+model.save_pretrained_merged("model", tokenizer, save_method = "merged_16bit",)
+model.save_pretrained("llama_lora")  # Local saving
+if False:
+    model.save_pretrained("lora_model")
 '''
 
 
@@ -58,6 +62,7 @@ def test_notebook_facts_reads_the_ids_the_notebook_names():
     assert facts["model_id"] == "unsloth/Llama-3.1-8B"
     assert facts["dataset_id"] == "unsloth/alpaca-cleaned"
     assert facts["load_in_4bit"] is True
+    assert facts["adapter_dir"] == "llama_lora"  # not save_pretrained_merged's, and the first of the two
     assert facts["alpaca_prompt"].startswith("Below is an instruction.") and facts["alpaca_prompt"].count("{}") == 3
 
 
