@@ -525,7 +525,8 @@ RESUME_STEPS, RESUME_AT = 10, 5
 def resume_check(facts, flags, timeout_s, work, out):
     """Under `flags` (B's): RESUME_STEPS steps with a checkpoint every RESUME_AT ("full"), then a run given only
     its checkpoint-RESUME_AT, as a run stopped there leaves it, with --resume true ("resumed"): its later steps'
-    losses against the full run's, and the adapter each run's notebook saved (its `adapter_dir`) reloaded with plain PEFT (bench.adapters). Returns the record, also `<out>/trials/<part>/resume.json`."""
+    losses against the full run's, and the adapter each run's notebook saved (its `adapter_dir`) reloaded with
+    plain PEFT (bench.adapters). Returns the record, also `<out>/trials/<part>/resume.json`."""
     name = facts["part"]
     root = Path(work) / name / "resume"
     shutil.rmtree(root, ignore_errors=True)
