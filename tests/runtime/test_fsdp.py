@@ -20,7 +20,7 @@ from nbddp.runtime.trainer import fsdp
 @pytest.fixture
 def strategy_restored():
     yield
-    fsdp._chosen.update(strategy="ddp", layers=(), quantized=False, noted=False)
+    fsdp._chosen.update(strategy="ddp", layers=(), quantized=False, noted=False, optimizers_said=set())
 
 
 def test_ddp_keeps_the_backend_and_fsdp_takes_the_fallback(strategy_restored):
@@ -50,6 +50,29 @@ def test_fsdp2_each_decoder_layer_and_the_notebooks_own_settings_win(strategy_re
                                      "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
     assert kwargs["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     assert fsdp.training_kwargs({"fsdp": "shard_grad_op"})["fsdp"] == "shard_grad_op"
+
+
+def test_a_quantized_optimizer_becomes_torchs_of_the_same_update(strategy_restored, monkeypatch, caplog):
+    import torch.distributed as dist
+    from transformers.training_args import OptimizerNames
+
+    from nbddp.runtime.context import BITSANDBYTES_OPTIMIZERS
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    assert BITSANDBYTES_OPTIMIZERS <= set(fsdp.TORCH_OPTIMIZER)  # every one the CPU fallback knows
+    assert {fsdp.TORCH_OPTIMIZER[name] for name in fsdp.TORCH_OPTIMIZER} - {None} <= {o.value for o in OptimizerNames}
+    assert fsdp.training_kwargs({"optim": "adamw_8bit"})["optim"] == "adamw_torch"
+    assert fsdp.training_kwargs({"optim": OptimizerNames.ADAMW_8BIT})["optim"] == "adamw_torch"
+    assert fsdp.training_kwargs({"optim": "rmsprop_bnb_8bit"})["optim"] == "rmsprop"
+    assert fsdp.training_kwargs({"optim": "adamw_torch_fused"})["optim"] == "adamw_torch_fused"
+    assert "optim" not in fsdp.training_kwargs({})  # the config's default, unquantized
+    said = caplog.text
+    assert said.count("optim='adamw_8bit' -> 'adamw_torch': FSDP can neither shard nor save") == 1
+    with pytest.raises(UsageError, match=r"--strategy fsdp with optim='paged_lion_8bit': a bitsandbytes optimizer"
+                                         r".*use optim='adamw_torch' with --strategy fsdp, or --strategy ddp"):
+        fsdp.training_kwargs({"optim": "paged_lion_8bit"})
 
 
 def test_a_smoke_run_outside_torchrun_trains_as_written(strategy_restored, monkeypatch):

@@ -30,9 +30,21 @@ from nbddp.runtime import patches
 from nbddp.runtime.rank import is_main_process
 
 # this process's choice, the loaded model's decoder layers and whether it is 4-bit, whether the smoke run's note was
-# printed
-_chosen = {"strategy": "ddp", "layers": (), "quantized": False, "noted": False}
+# printed, the quantized optimizers it replaced
+_chosen = {"strategy": "ddp", "layers": (), "quantized": False, "noted": False, "optimizers_said": set()}
 FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
+# Transformers' quantized optimizers (bitsandbytes': context.BITSANDBYTES_OPTIMIZERS; torchao's adamw_torch_4bit/8bit)
+# by the torch optimizer of the same update, which FSDP shards and saves: under FSDP2 bitsandbytes' cannot step the
+# sharded (DTensor) parameters (bitsandbytes#1403), under FSDP1 the flat parameters change which of their states it
+# keeps in 8 bits (bitsandbytes#2080), and FSDP's optimizer state dict fails on their quantization state
+# (accelerate#1362, torchao#1185). Lion and AdEMAMix have no torch optimizer in Transformers: refused.
+TORCH_OPTIMIZER = {
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch_4bit",
+                     "adamw_torch_8bit"), "adamw_torch"),
+    **dict.fromkeys(("rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit"), "rmsprop"),
+    **dict.fromkeys(("ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_32bit",
+                     "lion_8bit", "paged_lion_32bit", "paged_lion_8bit"), None),
+}
 
 
 def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
@@ -118,8 +130,9 @@ def remember_model(model) -> None:
 def training_kwargs(kwargs: dict) -> dict:
     """The training arguments' keywords with FSDP set (the notebook's own `fsdp`/`fsdp_config` win): full
     sharding (FSDP2; FSDP1 with flat parameters for a 4-bit model), each decoder layer wrapped, a full state dict
-    for the final save, non-reentrant gradient checkpointing (the reentrant kind recomputes outside FSDP's hooks).
-    Unchanged without a process group (a smoke run), where Trainer refuses FSDP."""
+    for the final save, non-reentrant gradient checkpointing (the reentrant kind recomputes outside FSDP's hooks),
+    a quantized optimizer replaced by torch's (`shardable_optimizer`). Unchanged without a process group (a smoke
+    run), where Trainer refuses FSDP."""
     import torch.distributed as dist
 
     if not dist.is_initialized():  # a smoke run: one process outside torchrun, where Trainer refuses FSDP
@@ -134,10 +147,32 @@ def training_kwargs(kwargs: dict) -> dict:
     if _chosen["layers"]:
         config["transformer_layer_cls_to_wrap"] = list(_chosen["layers"])
     kwargs = {"fsdp": "full_shard auto_wrap", "fsdp_config": config, **kwargs}
+    if "optim" in kwargs:
+        kwargs["optim"] = shardable_optimizer(kwargs["optim"])
     if kwargs.get("gradient_checkpointing"):
         given = kwargs.get("gradient_checkpointing_kwargs") or {}
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False, **given}
     return kwargs
+
+
+def shardable_optimizer(optim):
+    """`optim` (a Transformers optimizer name), or the torch optimizer of the same update for a quantized one
+    (`TORCH_OPTIMIZER`), said once by the main process; UsageError for one torch has no counterpart of."""
+    name = getattr(optim, "value", optim)  # a name or Transformers' OptimizerNames
+    if name not in TORCH_OPTIMIZER:
+        return optim
+    replacement = TORCH_OPTIMIZER[name]
+    if replacement is None:
+        raise UsageError(f"--strategy fsdp with optim={name!r}: a bitsandbytes optimizer, whose state FSDP can "
+                         "neither shard nor save (bitsandbytes#1403, #2080), and Transformers has no torch one of "
+                         "the same update; "
+                         "use optim='adamw_torch' with --strategy fsdp, or --strategy ddp")
+    if is_main_process() and name not in _chosen["optimizers_said"]:
+        _chosen["optimizers_said"].add(name)
+        log.info(f"nbddp: --strategy fsdp: optim={name!r} -> {replacement!r}: FSDP can neither shard nor save a "
+                 "quantized optimizer's state (bitsandbytes#1403, #2080); the same update in 32 bits, whose state "
+                 "for LoRA's weights alone is small (and sharded across the GPUs)")
+    return replacement
 
 
 def gather_trainable(model) -> dict:
