@@ -25,17 +25,9 @@ from nbddp.errors import UsageError
 from nbddp.runtime import patches, smoke_sandbox, started_processes
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.trainer import fsdp
+from nbddp.runtime.trainer.optimizers import BITSANDBYTES_OPTIMIZERS
 from nbddp.runtime.inputs.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
-
-# transformers' bitsandbytes optimizers (transformers.trainer_optimizer._BITSANDBYTES_OPTIMIZERS): they need
-# bitsandbytes and a CUDA device.
-BITSANDBYTES_OPTIMIZERS = frozenset({
-    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit",
-    "ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit",
-    "lion_32bit", "lion_8bit", "paged_lion_32bit", "paged_lion_8bit",
-    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
-})
 
 
 class CpuProperties(NamedTuple):

@@ -52,17 +52,23 @@ def test_fsdp2_each_decoder_layer_and_the_notebooks_own_settings_win(strategy_re
     assert fsdp.training_kwargs({"fsdp": "shard_grad_op"})["fsdp"] == "shard_grad_op"
 
 
+def test_the_bitsandbytes_optimizers_are_transformers_own():
+    from nbddp.runtime.trainer.optimizers import BITSANDBYTES_OPTIMIZERS
+
+    transformers_optimizers = pytest.importorskip("transformers.trainer_optimizer")  # Transformers 5's home
+    assert BITSANDBYTES_OPTIMIZERS == {o.value for o in transformers_optimizers._BITSANDBYTES_OPTIMIZERS}
+
+
 def test_a_quantized_optimizer_becomes_torchs_of_the_same_update(strategy_restored, monkeypatch, caplog):
     import torch.distributed as dist
     from transformers.training_args import OptimizerNames
 
-    from nbddp.runtime.context import BITSANDBYTES_OPTIMIZERS
+    from nbddp.runtime.trainer.optimizers import QUANTIZED_TORCH_UPDATE
 
+    assert set(QUANTIZED_TORCH_UPDATE.values()) - {None} <= {o.value for o in OptimizerNames}
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
     fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
-    assert BITSANDBYTES_OPTIMIZERS <= set(fsdp.TORCH_OPTIMIZER)  # every one the CPU fallback knows
-    assert {fsdp.TORCH_OPTIMIZER[name] for name in fsdp.TORCH_OPTIMIZER} - {None} <= {o.value for o in OptimizerNames}
     assert fsdp.training_kwargs({"optim": "adamw_8bit"})["optim"] == "adamw_torch"
     assert fsdp.training_kwargs({"optim": OptimizerNames.ADAMW_8BIT})["optim"] == "adamw_torch"
     assert fsdp.training_kwargs({"optim": "rmsprop_bnb_8bit"})["optim"] == "rmsprop"

@@ -28,23 +28,12 @@ from nbddp.errors import UsageError
 from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.runtime import patches
 from nbddp.runtime.rank import is_main_process
+from nbddp.runtime.trainer.optimizers import QUANTIZED_TORCH_UPDATE
 
 # this process's choice, the loaded model's decoder layers and whether it is 4-bit, whether the smoke run's note was
 # printed, the quantized optimizers it replaced
 _chosen = {"strategy": "ddp", "layers": (), "quantized": False, "noted": False, "optimizers_said": set()}
 FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
-# Transformers' quantized optimizers (bitsandbytes': context.BITSANDBYTES_OPTIMIZERS; torchao's adamw_torch_4bit/8bit)
-# by the torch optimizer of the same update, which FSDP shards and saves: under FSDP2 bitsandbytes' cannot step the
-# sharded (DTensor) parameters (bitsandbytes#1403), under FSDP1 the flat parameters change which of their states it
-# keeps in 8 bits (bitsandbytes#2080), and FSDP's optimizer state dict fails on their quantization state
-# (accelerate#1362, torchao#1185). Lion and AdEMAMix have no torch optimizer in Transformers: refused.
-TORCH_OPTIMIZER = {
-    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "paged_adamw_8bit", "adamw_torch_4bit",
-                     "adamw_torch_8bit"), "adamw_torch"),
-    **dict.fromkeys(("rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit"), "rmsprop"),
-    **dict.fromkeys(("ademamix", "ademamix_8bit", "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_32bit",
-                     "lion_8bit", "paged_lion_32bit", "paged_lion_8bit"), None),
-}
 
 
 def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
@@ -157,11 +146,14 @@ def training_kwargs(kwargs: dict) -> dict:
 
 def shardable_optimizer(optim):
     """`optim` (a Transformers optimizer name), or the torch optimizer of the same update for a quantized one
-    (`TORCH_OPTIMIZER`), said once by the main process; UsageError for one torch has no counterpart of."""
+    (`QUANTIZED_TORCH_UPDATE`), said once by the main process; UsageError for one torch has no counterpart of.
+    Under FSDP2 bitsandbytes' cannot step the sharded (DTensor) parameters (bitsandbytes#1403), under FSDP1 the
+    flat parameters change which of their states it keeps in 8 bits (bitsandbytes#2080), and FSDP's optimizer
+    state dict fails on quantized state (accelerate#1362, torchao#1185)."""
     name = getattr(optim, "value", optim)  # a name or Transformers' OptimizerNames
-    if name not in TORCH_OPTIMIZER:
+    if name not in QUANTIZED_TORCH_UPDATE:
         return optim
-    replacement = TORCH_OPTIMIZER[name]
+    replacement = QUANTIZED_TORCH_UPDATE[name]
     if replacement is None:
         raise UsageError(f"--strategy fsdp with optim={name!r}: a bitsandbytes optimizer, whose state FSDP can "
                          "neither shard nor save (bitsandbytes#1403, #2080), and Transformers has no torch one of "
