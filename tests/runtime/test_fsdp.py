@@ -6,6 +6,7 @@ Transformers' Trainer runs FSDP only on GPUs (accelerate), so its FSDP training 
 would, and nbddp's end-of-training gather and the main process's `save_pretrained` run on it.
 """
 import json
+import logging
 import subprocess
 import sys
 import textwrap
@@ -44,12 +45,35 @@ def test_fsdp2_each_decoder_layer_and_the_notebooks_own_settings_win(strategy_re
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # under torchrun
     fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
     kwargs = fsdp.training_kwargs({"learning_rate": 2e-4, "gradient_checkpointing": True})
-    assert kwargs["fsdp"] == "full_shard auto_wrap" and kwargs["learning_rate"] == 2e-4
+    assert kwargs["fsdp"] in (True, "full_shard auto_wrap") and kwargs["learning_rate"] == 2e-4
     assert kwargs["fsdp_config"] == {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
                                      "state_dict_type": "FULL_STATE_DICT",
                                      "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]}
     assert kwargs["gradient_checkpointing_kwargs"] == {"use_reentrant": False}
     assert fsdp.training_kwargs({"fsdp": "shard_grad_op"})["fsdp"] == "shard_grad_op"
+
+
+@pytest.mark.parametrize("quantized, version", [(False, 2), (True, 1)])
+def test_this_transformers_shards_as_the_option_string_says_without_deprecation(strategy_restored, monkeypatch,
+                                                                                 caplog, quantized, version):
+    """Transformers 5 deprecates `fsdp="full_shard auto_wrap"` (gone in 5.20) for `fsdp=True`; 4.56.2 takes only
+    the string. Whichever this one takes, accelerate is handed what the string gives."""
+    import torch.distributed as dist
+    from transformers import TrainingArguments
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",), quantized=quantized)
+    kwargs = fsdp.training_kwargs({"output_dir": "out", "use_cpu": True, "report_to": []})
+    assert kwargs["fsdp_config"]["version"] == version
+    string_form = {**kwargs, "fsdp": "full_shard auto_wrap", "fsdp_config": dict(kwargs["fsdp_config"])}
+    transformers_log = logging.getLogger("transformers")  # which does not propagate to caplog's root handler
+    monkeypatch.setattr(transformers_log, "handlers", [caplog.handler])
+    chosen = TrainingArguments(**kwargs)
+    assert not [r for r in caplog.records if "Passing `fsdp` as a" in r.getMessage()]
+    if not hasattr(chosen, "fsdp_plugin_args"):  # 4.x: the string itself, read into accelerate's FSDP_* variables
+        assert kwargs["fsdp"] == "full_shard auto_wrap"
+        return
+    assert chosen.fsdp_plugin_args == TrainingArguments(**string_form).fsdp_plugin_args
 
 
 def test_the_bitsandbytes_optimizers_are_transformers_own():

@@ -135,13 +135,22 @@ def training_kwargs(kwargs: dict) -> dict:
         config.update(version=1, use_orig_params=False, cpu_ram_efficient_loading=False)
     if _chosen["layers"]:
         config["transformer_layer_cls_to_wrap"] = list(_chosen["layers"])
-    kwargs = {"fsdp": "full_shard auto_wrap", "fsdp_config": config, **kwargs}
+    kwargs = {"fsdp": _fsdp_on(), "fsdp_config": config, **kwargs}
     if "optim" in kwargs:
         kwargs["optim"] = shardable_optimizer(kwargs["optim"])
     if kwargs.get("gradient_checkpointing"):
         given = kwargs.get("gradient_checkpointing_kwargs") or {}
         kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False, **given}
     return kwargs
+
+
+def _fsdp_on():
+    """What turns full sharding on in this Transformers' TrainingArguments, the rest being in `fsdp_config`:
+    True where `fsdp` defaults to None (5.x, whose option string is deprecated and goes in 5.20), else the option
+    string (4.x, the notebooks' pin, which takes only that). Both give accelerate the same plugin arguments."""
+    from transformers import TrainingArguments
+
+    return True if TrainingArguments.__dataclass_fields__["fsdp"].default is None else "full_shard auto_wrap"
 
 
 def shardable_optimizer(optim):
