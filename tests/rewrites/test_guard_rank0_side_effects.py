@@ -56,6 +56,25 @@ def test_unsloth_saves_get_a_barrier(save):
     assert code == f"if ddp.is_main_process:\n    {save}\nddp.barrier()\n"
 
 
+@pytest.mark.parametrize("save, under_fsdp", [
+    ('model.save_pretrained_merged("m", tokenizer, save_method="merged_16bit")', "it merges in this one process"),
+    ('model.push_to_hub_merged("me/m", tokenizer, "merged_16bit", token="")', "it merges in this one process"),
+    ('model.save_pretrained_merged("m", tokenizer)', "it merges in this one process"),  # Unsloth's default method
+    ('model.save_pretrained_torchao("m", tokenizer)', "it merges in this one process"),
+    ('model.save_pretrained_gguf("m", tokenizer, quantization_method="q4_k_m")', "it is refused"),
+    ('model.save_pretrained_merged("m", tokenizer, save_method="lora")', None),
+    ('model.push_to_hub_merged("me/m", tokenizer, "lora")', None),
+    ('model.save_pretrained("m")', None),
+])
+def test_the_report_says_what_fsdp_makes_of_a_merged_save(save, under_fsdp):
+    _, changes = run(GuardRank0SideEffects, f"{save}\n")
+    (line, message), = changes
+    if under_fsdp is None:
+        assert "--strategy fsdp" not in message
+    else:
+        assert f"; under --strategy fsdp {under_fsdp}" in message
+
+
 def test_nested_statements_are_guarded_in_place_without_a_barrier():
     changes = assert_rewrites(
         GuardRank0SideEffects,

@@ -176,6 +176,18 @@ def test_a_quantized_checkpoint_fsdp_cannot_shard_is_refused(tmp_path, name, qua
         fsdp.shardable_checkpoint(_checkpoint(tmp_path / name, quantization), True, torch.bfloat16)
 
 
+def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, strategy_restored):
+    """The notebook's save of a fully finetuned model runs on the main process alone, and FSDP shards the whole
+    model: nothing could gather it there."""
+    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+
+    fsdp._chosen.update(strategy="fsdp")
+    with pytest.raises(UsageError, match=r"--strategy fsdp with full_finetuning=True .* Train LoRA .* --strategy ddp"):
+        FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
+                                          load_in_4bit=False, full_finetuning=True)
+
+
 def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir, model_cache, strategy_restored,
                                                                   monkeypatch):
     """prepare_model_for_kbit_training casts the norms to float32, and FSDP1 flattens a layer's frozen weights into
@@ -282,6 +294,7 @@ WORKER = textwrap.dedent('''
                     "equal": sum(torch.equal(now[k], v) for k, v in trained.items())}
     if rank == 0:
         fsdp.peft_model_of(model).save_pretrained(out)
+        fsdp.peft_model_of(model).save_pretrained_merged(os.path.join(out, "merged"), save_method="merged_16bit")
         with torch.no_grad():
             full = {name: tensor for name, tensor in fsdp.peft_model_of(model).nbddp_gathered.items()}
         json.dump({"keys": sorted(full), "sums": {k: float(v.double().sum()) for k, v in full.items()},
@@ -299,6 +312,7 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
     """FSDP2 on 2 processes; FSDP1 (a notebook's own fsdp_config) on 1, as on CPU this torch's FSDP1 fails its
     own full state dict with 2 (unflatten: "storage of size 0"). FSDP1's wrapper modules put `_fsdp_wrapped_module.`
     in the names PEFT picks an adapter's weights by: it saved none of them, on one H200 and here."""
+    import torch
     from peft import PeftModel
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
@@ -331,3 +345,10 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
                                                                   "equal": trained}
     reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_path), out)  # plain PEFT
     assert sum(1 for name, _ in reloaded.named_parameters() if "lora_" in name) == len(saved)
+    # the merged save, which the main process made alone from the checkpoint: the adapter it saved, merged
+    expected = reloaded.merge_and_unload().to(torch.bfloat16).state_dict()
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32).state_dict()
+    base = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
+    assert merged.keys() == expected.keys() and all(torch.equal(merged[k].bfloat16(), v) for k, v in expected.items())
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"].bfloat16(),
+                           base["model.layers.0.self_attn.q_proj.weight"].bfloat16())

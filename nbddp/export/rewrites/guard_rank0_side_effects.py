@@ -6,7 +6,8 @@ A statement that only calls `print`, `pprint`, `display`, `plt.show`, `*.savefig
 guarded save or push at the cell's top level comes `ddp.barrier()`, so no rank reads a half-written
 save. A trainer's own `trainer.save_model()`/`trainer.push_to_hub()` save on rank 0 by themselves and
 must be called on every rank: they are left alone. A statement whose arguments make a collective call
-(`print(trainer.evaluate())`) is left for all ranks, with a note.
+(`print(trainer.evaluate())`) is left for all ranks, with a note. The report's line for one of Unsloth's merged
+saves or GGUF conversions says what `--strategy fsdp` makes of it (a merge by the main process alone; a refusal).
 
 Experiment trackers (`wandb`, `mlflow`, `trackio`) keep one run, the main process's: a statement calling into
 one (`wandb.init(...)`, `wandb.log(...)`, `mlflow.log_params(...)`, `trackio.finish()`) is guarded the same way,
@@ -21,7 +22,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from nbddp.export.rewrites.base import Rewrite
-from nbddp.export.rewrites.call_args import callee_name, code_of, receiver_name
+from nbddp.export.rewrites.call_args import callee_name, code_of, keyword, literal_value, receiver_name
 from nbddp.export.rewrites.ddp_blocks import (
     BARRIER,
     MAIN_PROCESS_ONLY,
@@ -36,6 +37,12 @@ DISPLAY_FUNCTIONS = {"print", "pprint", "display"}
 SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora")  # save_lora: Unsloth's, for vLLM (GRPO notebooks)
 TRACKERS = frozenset({"wandb", "mlflow", "trackio"})
 STARTS_A_RUN = {"init", "start_run"}  # wandb.init, trackio.init, mlflow.start_run
+# Unsloth's saves that merge the LoRA into the base weights (unless save_method="lora") and that convert to GGUF:
+# under --strategy fsdp the runtime merges in one process (runtime.trainer.fsdp.merged_in_one_process) and the
+# Transformers+PEFT path it trains on has no GGUF converter (runtime.backends.hf_saving)
+MERGED_SAVES = frozenset({"save_pretrained_merged", "push_to_hub_merged", "save_pretrained_torchao"})
+GGUF_SAVES = frozenset({"save_pretrained_gguf", "push_to_hub_gguf"})
+SAVE_METHOD_POSITION = 2  # save_pretrained_merged(save_directory, tokenizer, save_method, ...)
 
 
 def is_save(call: cst.Call) -> bool:
@@ -43,6 +50,24 @@ def is_save(call: cst.Call) -> bool:
     name = callee_name(call) or ""
     return (isinstance(call.func, cst.Attribute) and name.startswith(SAVE_PREFIXES)
             and not holds_trainer(receiver_name(call)))
+
+
+def under_fsdp(call: cst.Call) -> str:
+    """What the report adds for a save that `--strategy fsdp` changes: a merge made by the main process alone, a
+    GGUF conversion refused; "" for any other call."""
+    name = callee_name(call)
+    if name in GGUF_SAVES:
+        return ("; under --strategy fsdp it is refused: the Transformers+PEFT path FSDP trains on has no GGUF "
+                "converter (save merged_16bit, then convert it with llama.cpp)")
+    if name not in MERGED_SAVES:
+        return ""
+    method = keyword(call, "save_method")
+    if method is None and len(call.args) > SAVE_METHOD_POSITION and call.args[SAVE_METHOD_POSITION].keyword is None:
+        method = call.args[SAVE_METHOD_POSITION]
+    if method is not None and literal_value(method.value) == "lora":
+        return ""
+    return ("; under --strategy fsdp it merges in this one process, on the CPU, from the base checkpoint and the "
+            "adapter gathered when training ended (PEFT cannot merge a sharded model)")
 
 
 def is_tracker_call(call: cst.Call, runs=frozenset()) -> bool:
@@ -148,7 +173,7 @@ class GuardRank0SideEffects(Rewrite):
                 if isinstance(small, cst.Assign):
                     names = ", ".join(f"`{target.target.value}`" for target in small.targets)
                     waits = f"; {names} exists there only"
-                self.record(call, f"{code_of(call.func)}() runs on the main process only{waits}")
+                self.record(call, f"{code_of(call.func)}() runs on the main process only{waits}{under_fsdp(call)}")
         for small in smalls:
             collectives = collective_calls(small)
             if collectives and any(has_side_effect(call, self._runs) for call in m.findall(small, m.Call())):

@@ -362,7 +362,9 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     the model's context length when None, as Unsloth's FastLlamaModel does)."""
     dtype = _resolve_dtype(dtype)
     options = {key: value for key, value in kwargs.items() if key not in UNSLOTH_ONLY_LOAD_OPTIONS}
-    if fsdp.active() and not full_finetuning:
+    if fsdp.active() and full_finetuning:
+        fsdp.refuse_full_finetuning(model_name)
+    if fsdp.active():
         model_name, load_in_4bit = fsdp.shardable_checkpoint(model_name, load_in_4bit, dtype, token, trust_remote_code)
     if (load_in_4bit or load_in_8bit) and not full_finetuning:
         if fsdp.active() and not load_in_4bit:

@@ -7,7 +7,8 @@
     model.push_to_hub_merged("me/model", tokenizer, save_method="merged_16bit", token="hf_...")
 
 "merged_16bit" writes the LoRA merged into the base weights, by PEFT's `merge_and_unload` on a copy (the model keeps
-its adapters and may train on), as a plain Transformers checkpoint in 16 bits: `dtype`, else the model's when it is
+its adapters and may train on; a model FSDP shards is merged from its checkpoint by the main process alone,
+`fsdp.merged_in_one_process`), as a plain Transformers checkpoint in 16 bits: `dtype`, else the model's when it is
 float16 or bfloat16, else bfloat16 (what Unsloth writes on a GPU that has it); the copy needs the memory of a second
 model. "lora" writes the adapter. The tokenizer goes beside either, its padding on the left for inference, as
 Unsloth saves it. Everything is written and pushed by Transformers' and PEFT's `save_pretrained` and `push_to_hub`,
@@ -22,6 +23,7 @@ import types
 import torch
 
 from nbddp.errors import UsageError
+from nbddp.runtime.trainer import fsdp
 
 BACKEND = "nbddp's Transformers+PEFT fallback (--backend hf)"
 ON_UNSLOTH = "or run on a GPU with Unsloth installed (--backend unsloth)"
@@ -126,6 +128,8 @@ def _to_save(model, method, save_method, dtype):
     dtype = _merged_dtype(model, dtype)
     if not adapters:
         return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
+    if fsdp.is_sharded(model):
+        return fsdp.merged_in_one_process(model).to(dtype)
     return copy.deepcopy(model).merge_and_unload().to(dtype)
 
 

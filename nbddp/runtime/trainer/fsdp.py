@@ -13,8 +13,10 @@ Saves: Trainer's own checkpoints are FSDP-aware. The notebook's `model.save_pret
 to the main process, cannot gather the shards alone (a gather is a collective of every rank), so at the end of
 training every rank gathers the trainable (LoRA) weights, small beside the model, and the main process's
 `save_pretrained` writes those (`install`), under FSDP1 too (a notebook's own `fsdp_config`): one adapter that
-plain PEFT loads. Generation after training on several GPUs is refused (`refuse_lone_generation`): it would run on
-the main process alone.
+plain PEFT loads. A merged save merges that adapter into the base checkpoint loaded again by the main process
+(`merged_in_one_process`). Full finetuning is refused (`refuse_full_finetuning`): its whole weights stay sharded.
+Generation after training on several GPUs is refused (`refuse_lone_generation`): it would run on the main process
+alone.
 
 accelerate runs FSDP only on GPUs (its state.py sets DistributedType.FSDP in the CUDA-like branch alone): on CPU
 processes Trainer would train plain DDP without a word, so `--strategy fsdp` without CUDA is refused. A smoke run
@@ -65,6 +67,14 @@ def refuse_8bit(model_name: str) -> None:
     raise UsageError(f"--strategy fsdp with load_in_8bit=True ({model_name}): nbddp shards 16- and 32-bit models "
                      "and 4-bit ones (QLoRA, under FSDP1), not bitsandbytes' 8-bit weights; use load_in_4bit=True or "
                      "load_in_8bit=False with --strategy fsdp, or --strategy ddp")
+
+
+def refuse_full_finetuning(model_name: str) -> None:
+    raise UsageError(f"--strategy fsdp with full_finetuning=True ({model_name}): under FSDP nbddp trains LoRA "
+                     "adapters, which it gathers from the shards when training ends for the notebook's saves; the "
+                     "whole model's weights stay sharded across the GPUs, and the notebook's save, which runs on the "
+                     "main process alone, could not gather them. Train LoRA (full_finetuning=False and "
+                     "get_peft_model) with --strategy fsdp, or pass --strategy ddp (a whole model on every GPU)")
 
 
 def shardable_checkpoint(model_name: str, load_in_4bit: bool, dtype, token=None, trust_remote_code=False):
@@ -202,6 +212,43 @@ def is_sharded(model) -> bool:
 
     return (any(isinstance(module, FullyShardedDataParallel) for module in model.modules())
             or any(isinstance(parameter, DTensor) for parameter in model.parameters()))
+
+
+def merged_in_one_process(peft_model):
+    """The LoRA of a sharded `peft_model` merged into its base weights by the main process alone, on its CPU: the
+    checkpoint the base model was loaded from, loaded again whole, given the adapter gathered at the end of
+    training (`GatherAdapter`), merged by PEFT. PEFT cannot merge a sharded model (each rank holds a slice of every
+    weight), and the other ranks have left training, so no collective can gather the base weights now. It takes
+    the memory of a whole model in CPU RAM. UsageError before training has ended, or when the model's embeddings
+    were resized after loading (the checkpoint's no longer fit its adapter)."""
+    import copy
+
+    from peft import get_peft_model
+
+    gathered = getattr(peft_model, "nbddp_gathered", None)
+    if not gathered:
+        raise UsageError("a merged save under --strategy fsdp before training has ended: the model is sharded "
+                         "across the GPUs and its adapter is gathered when training ends; save after "
+                         "trainer.train(), or save the adapter (save_method=\"lora\") with trainer.save_model()")
+    base = peft_model.get_base_model()
+    if is_main_process():
+        log.info(f"nbddp: --strategy fsdp: merging the trained adapter into {base.name_or_path} in this one "
+                 "process, on the CPU (PEFT cannot merge a sharded model): the memory of a whole model in RAM")
+    whole = type(base).from_pretrained(base.name_or_path, dtype=base.dtype)
+    trained, loaded = base.get_input_embeddings().num_embeddings, whole.get_input_embeddings().num_embeddings
+    if trained != loaded:
+        raise UsageError(f"a merged save under --strategy fsdp: the model's embeddings were resized to {trained} "
+                         f"tokens after loading, and {base.name_or_path} has {loaded}, so the checkpoint the merge "
+                         "loads again no longer fits the adapter; save the adapter (save_method=\"lora\") and "
+                         "merge it in one process after resizing the base model as the notebook does")
+    whole.config = copy.deepcopy(base.config)  # what the notebook set on it (Unsloth's own saves keep it too)
+    whole = get_peft_model(whole, peft_model.peft_config[peft_model.active_adapter])
+    unexpected = whole.load_state_dict(gathered, strict=False).unexpected_keys
+    untrained = {name for name, parameter in whole.named_parameters() if parameter.requires_grad} - set(gathered)
+    if unexpected or untrained:  # the gathered names are the PeftModel's own: this would be nbddp's fault
+        raise RuntimeError(f"nbddp: the gathered adapter does not fit {base.name_or_path}: "
+                           f"{sorted(unexpected or untrained)[:3]}")
+    return whole.merge_and_unload()
 
 
 def install() -> None:
