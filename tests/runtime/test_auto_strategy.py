@@ -48,7 +48,7 @@ def test_the_example_scripts_model_is_known_before_its_cells_run():
     # model_name = model_path, bound to ensure_weights(model_name): the parameter's model
     assert planned.loader == "FastLanguageModel.from_pretrained" and not planned.unknown
     assert planned.arguments == {"model_name": "../models/tiny-llama", "max_seq_length": 256, "load_in_4bit": False,
-                                 "load_in_8bit": False}
+                                 "load_in_8bit": False, "full_finetuning": False}
     assert (planned.lora_r, planned.micro_batch) == (16, 4)
     assert text.splitlines()[planned.line - 1].startswith("model, tokenizer = FastLanguageModel.from_pretrained(")
 
@@ -64,7 +64,7 @@ def test_flags_given_to_the_script_count():
 def test_an_unsloth_notebooks_literals_and_unsloths_defaults():
     planned = planned_model(UNSLOTH_CELLS, {})
     assert planned.arguments == {"model_name": "unsloth/Meta-Llama-3.1-70B", "max_seq_length": 2048,
-                                 "load_in_4bit": False, "load_in_8bit": False}
+                                 "load_in_4bit": False, "load_in_8bit": False, "full_finetuning": False}
     assert (planned.lora_r, planned.micro_batch) == (32, 2)
     bare = planned_model('model, tok = FastModel.from_pretrained("unsloth/gemma-3-4b-it")\n', {})
     assert bare.arguments["load_in_4bit"] is True and bare.arguments["max_seq_length"] == 2048  # Unsloth's defaults
@@ -76,7 +76,8 @@ def test_an_unsloth_notebooks_literals_and_unsloths_defaults():
     ('name = "a"\nname = "b"\nFastLanguageModel.from_pretrained(model_name=name)\n', {"model_name": "name"}),
     ('for name in ["a"]:\n    pass\nname = "b"\nFastLanguageModel.from_pretrained(name)\n', {"model_name": "name"}),
     ('FastLanguageModel.from_pretrained("a", **options)\n',
-     {"max_seq_length": "**options", "load_in_4bit": "**options", "load_in_8bit": "**options"}),
+     {"max_seq_length": "**options", "load_in_4bit": "**options", "load_in_8bit": "**options",
+      "full_finetuning": "**options"}),
     ('FastLanguageModel.from_pretrained("a", 2048, torch.float16, flag)\n', {"load_in_4bit": "flag"}),  # dtype: no matter
 ])
 def test_what_a_cell_computes_is_unknown(cells, unknown):
@@ -97,6 +98,11 @@ def test_a_model_that_fits_one_gpu_trains_under_ddp():
     assert choice.strategy == "ddp" and not choice.warning
     assert "fits, so a whole model on every GPU" in choice.reason
     assert "against 118.8 GiB (85% of the 139.8 GiB GPU)" in choice.reason
+
+
+def test_a_full_finetuning_stays_on_ddp_which_fsdp_refuses():
+    choice = auto_strategy.decide(planned(full_finetuning=True), LLAMA_70B, H200_GIB, world_size=2, unsloth=True)
+    assert choice.strategy == "ddp" and "sets full_finetuning=True, and under FSDP nbddp trains LoRA" in choice.reason
 
 
 def test_a_16_bit_70b_does_not_fit_one_h200_so_fsdp_shards_it():

@@ -5,9 +5,10 @@ model exists: from the model the script will load (`inputs.model_loader`: its fi
 from the script's source), that model's config.json (a local folder, or the Hugging Face cache: nothing is
 downloaded), and the memory estimate (`memory.memory_estimate`: the cheapest gradient checkpointing mode that fits
 `HEADROOM` of the GPU's total memory). DDP without a GPU (accelerate runs FSDP only on GPUs), with one process
-(FSDP has nothing to shard across), with `--backend unsloth`, and whenever the model is not known before the
-cells run. An 8-bit model that does not fit stays on DDP with a warning: FSDP refuses those (`fsdp.refuse_8bit`);
-a 4-bit one (QLoRA) is sharded with FSDP1. The choice and its numbers are one line of rank 0's (`describe`).
+(FSDP has nothing to shard across), with `--backend unsloth`, for full finetuning (`fsdp.refuse_full_finetuning`),
+and whenever the model is not known before the cells run. An 8-bit model that does not fit stays on DDP with a
+warning: FSDP refuses those (`fsdp.refuse_8bit`); a 4-bit one (QLoRA) is sharded with FSDP1. The choice and its
+numbers are one line of rank 0's (`describe`).
 """
 import json
 from dataclasses import dataclass
@@ -69,6 +70,9 @@ def decide(planned: PlannedModel, config: dict, gpu_gib: float, world_size: int,
     if not all(key in text for key in DECODER_WIDTHS) or any(text.get(key) for key in EXPERTS):
         return Choice("ddp", f"the config.json of {name!r} is not a dense decoder's (hidden_size, "
                              "intermediate_size, ...; no experts), which the memory estimate sizes")
+    if arguments["full_finetuning"]:
+        return Choice("ddp", f"{planned.loader} sets full_finetuning=True, and under FSDP nbddp trains LoRA adapters "
+                             "only (see --strategy fsdp): a whole model on every GPU")
     quantization = config.get("quantization_config") or {}  # a pre-quantized checkpoint's
     four_bit = bool(arguments["load_in_4bit"] or quantization.get("load_in_4bit") or "bnb-4bit" in str(name))
     quantized = four_bit or bool(arguments["load_in_8bit"] or quantization)
