@@ -345,10 +345,13 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
                                                                   "equal": trained}
     reloaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_path), out)  # plain PEFT
     assert sum(1 for name, _ in reloaded.named_parameters() if "lora_" in name) == len(saved)
-    # the merged save, which the main process made alone from the checkpoint: the adapter it saved, merged
-    expected = reloaded.merge_and_unload().to(torch.bfloat16).state_dict()
-    merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.float32).state_dict()
-    base = AutoModelForCausalLM.from_pretrained(model_path).state_dict()
-    assert merged.keys() == expected.keys() and all(torch.equal(merged[k].bfloat16(), v) for k, v in expected.items())
-    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"].bfloat16(),
-                           base["model.layers.0.self_attn.q_proj.weight"].bfloat16())
+    # the merged save, which the main process made alone from the checkpoint: the adapter it saved, merged by plain
+    # PEFT into the base loaded in 16 bits
+    base = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16)
+    expected = PeftModel.from_pretrained(base, out).merge_and_unload().state_dict()
+    assert {tensor.dtype for tensor in load_file(out / "merged" / "model.safetensors").values()} == {torch.bfloat16}
+    merged = AutoModelForCausalLM.from_pretrained(out / "merged", dtype=torch.bfloat16).state_dict()
+    assert merged.keys() == expected.keys() and all(torch.equal(merged[k], v) for k, v in expected.items())
+    untouched = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16).state_dict()
+    assert not torch.equal(merged["model.layers.0.self_attn.q_proj.weight"],
+                           untouched["model.layers.0.self_attn.q_proj.weight"])

@@ -129,7 +129,7 @@ def _to_save(model, method, save_method, dtype):
     if not adapters:
         return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
     if fsdp.is_sharded(model):
-        return fsdp.merged_in_one_process(model).to(dtype)
+        return fsdp.merged_in_one_process(model, dtype)
     return copy.deepcopy(model).merge_and_unload().to(dtype)
 
 

@@ -214,9 +214,10 @@ def is_sharded(model) -> bool:
             or any(isinstance(parameter, DTensor) for parameter in model.parameters()))
 
 
-def merged_in_one_process(peft_model):
+def merged_in_one_process(peft_model, dtype):
     """The LoRA of a sharded `peft_model` merged into its base weights by the main process alone, on its CPU: the
-    checkpoint the base model was loaded from, loaded again whole, given the adapter gathered at the end of
+    checkpoint the base model was loaded from, loaded again whole in `dtype` (the save's 16 bits; accelerate may
+    have upcast the sharded weights to float32), given the adapter gathered at the end of
     training (`GatherAdapter`), merged by PEFT. PEFT cannot merge a sharded model (each rank holds a slice of every
     weight), and the other ranks have left training, so no collective can gather the base weights now. It takes
     the memory of a whole model in CPU RAM. UsageError before training has ended, or when the model's embeddings
@@ -234,7 +235,7 @@ def merged_in_one_process(peft_model):
     if is_main_process():
         log.info(f"nbddp: --strategy fsdp: merging the trained adapter into {base.name_or_path} in this one "
                  "process, on the CPU (PEFT cannot merge a sharded model): the memory of a whole model in RAM")
-    whole = type(base).from_pretrained(base.name_or_path, dtype=base.dtype)
+    whole = type(base).from_pretrained(base.name_or_path, dtype=dtype)
     trained, loaded = base.get_input_embeddings().num_embeddings, whole.get_input_embeddings().num_embeddings
     if trained != loaded:
         raise UsageError(f"a merged save under --strategy fsdp: the model's embeddings were resized to {trained} "
@@ -248,7 +249,7 @@ def merged_in_one_process(peft_model):
     if unexpected or untrained:  # the gathered names are the PeftModel's own: this would be nbddp's fault
         raise RuntimeError(f"nbddp: the gathered adapter does not fit {base.name_or_path}: "
                            f"{sorted(unexpected or untrained)[:3]}")
-    return whole.merge_and_unload()
+    return whole.merge_and_unload().to(dtype)
 
 
 def install() -> None:
