@@ -64,6 +64,10 @@ def test_unsloth_saves_get_a_barrier(save):
     ('model.save_pretrained_gguf("m", tokenizer, quantization_method="q4_k_m")', "it is refused"),
     ('model.save_pretrained_merged("m", tokenizer, save_method="lora")', None),
     ('model.push_to_hub_merged("me/m", tokenizer, "lora")', None),
+    ('model.save_pretrained_merged("m", tokenizer, save_method="LoRA")', None),
+    ('model.save_pretrained_merged("m", tokenizer, save_method="Merged 16bit")', "it merges in this one process"),
+    ('model.save_pretrained_merged("m", tokenizer, save_method=method)', "it merges in this one process"),
+    ('model.save_pretrained_merged("m", tokenizer, save_method="merged_4bit_forced")', "it is refused"),
     ('model.save_pretrained("m")', None),
 ])
 def test_the_report_says_what_fsdp_makes_of_a_merged_save(save, under_fsdp):

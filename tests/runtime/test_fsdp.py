@@ -188,6 +188,29 @@ def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, str
                                           load_in_4bit=False, full_finetuning=True)
 
 
+@pytest.mark.parametrize("init, stored_quantized, message", [
+    ("pissa", False, r"init_lora_weights='pissa', which rewrote the base weights .* no longer holds them; save the "
+                     r"adapter \(save_method=\"lora\"\)"),
+    (True, True, r"is stored quantized, and the merge loads the base checkpoint again in 16 bits"),
+])
+def test_a_merge_the_checkpoint_cannot_give_is_refused(tiny_llama_dir, model_cache, tmp_path, strategy_restored,
+                                                        init, stored_quantized, message):
+    import torch
+
+    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+
+    model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
+                                                 load_in_4bit=False)
+    peft_model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
+    peft_model.peft_config["default"].init_lora_weights = init
+    if stored_quantized:
+        peft_model.get_base_model().name_or_path = _checkpoint(tmp_path / "stored-bnb-4bit", PREQUANTIZED)
+    peft_model.nbddp_gathered = {"a": torch.zeros(1)}  # as at the end of training
+    with pytest.raises(UsageError, match=message):
+        fsdp.merged_in_one_process(peft_model, torch.bfloat16)
+
+
 def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir, model_cache, strategy_restored,
                                                                   monkeypatch):
     """prepare_model_for_kbit_training casts the norms to float32, and FSDP1 flattens a layer's frozen weights into
@@ -294,6 +317,8 @@ WORKER = textwrap.dedent('''
                     "equal": sum(torch.equal(now[k], v) for k, v in trained.items())}
     if rank == 0:
         fsdp.peft_model_of(model).save_pretrained(out)
+        if sys.argv[3] == "fsdp1":  # FSDP1 shards QLoRA: as a 4-bit model has it (bitsandbytes itself needs CUDA)
+            fsdp.peft_model_of(model).get_base_model().hf_quantizer = object()
         fsdp.peft_model_of(model).save_pretrained_merged(os.path.join(out, "merged"), save_method="merged_16bit")
         with torch.no_grad():
             full = {name: tensor for name, tensor in fsdp.peft_model_of(model).nbddp_gathered.items()}

@@ -64,8 +64,13 @@ def under_fsdp(call: cst.Call) -> str:
     method = keyword(call, "save_method")
     if method is None and len(call.args) > SAVE_METHOD_POSITION and call.args[SAVE_METHOD_POSITION].keyword is None:
         method = call.args[SAVE_METHOD_POSITION]
-    if method is not None and literal_value(method.value) == "lora":
+    value = literal_value(method.value) if method is not None else "merged_16bit"  # Unsloth's default
+    key = str(value).lower().strip().replace("-", "_").replace(" ", "_")  # as Unsloth (and the runtime) read it
+    if key == "lora":
         return ""
+    if isinstance(value, str) and key != "merged_16bit":
+        return (f"; under --strategy fsdp it is refused: the Transformers+PEFT path FSDP trains on writes "
+                f"save_method \"merged_16bit\" or \"lora\", not {value!r}")
     return ("; under --strategy fsdp it merges in this one process, on the CPU, from the base checkpoint and the "
             "adapter gathered when training ended (PEFT cannot merge a sharded model)")
 

@@ -118,6 +118,8 @@ def _to_save(model, method, save_method, dtype):
             "adapters; call it on the model get_peft_model returned (model = FastLanguageModel.get_peft_model(...))")
     if save_method == "lora":
         return model
+    if adapters and fsdp.is_sharded(model):  # a QLoRA model's too: merged into its 16-bit checkpoint
+        return fsdp.merged_in_one_process(model, _merged_dtype(model, dtype))
     if getattr(model, "hf_quantizer", None) is not None:
         raise UsageError(
             f"model.{method}(save_method=\"merged_16bit\") on a 4-bit or 8-bit model: {BACKEND} merges with PEFT, "
@@ -128,8 +130,6 @@ def _to_save(model, method, save_method, dtype):
     dtype = _merged_dtype(model, dtype)
     if not adapters:
         return model if model.dtype == dtype else copy.deepcopy(model).to(dtype)
-    if fsdp.is_sharded(model):
-        return fsdp.merged_in_one_process(model, dtype)
     return copy.deepcopy(model).merge_and_unload().to(dtype)
 
 

@@ -29,6 +29,7 @@ from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.runtime import patches
+from nbddp.runtime.inputs.flags import DEFAULT_TIMEOUT_S, TIMEOUT_VARIABLE
 from nbddp.runtime.rank import is_main_process
 from nbddp.runtime.trainer.optimizers import QUANTIZED_TORCH_UPDATE
 
@@ -157,7 +158,8 @@ def training_kwargs(kwargs: dict) -> dict:
 def _fsdp_on():
     """What turns full sharding on in this Transformers' TrainingArguments, the rest being in `fsdp_config`:
     True where `fsdp` defaults to None (5.x, whose option string is deprecated and goes in 5.20), else the option
-    string (4.x, the notebooks' pin, which takes only that). Both give accelerate the same plugin arguments."""
+    string (4.x, the notebooks' pin, which reads True as full_shard without auto_wrap). On 5.x both give accelerate
+    the same plugin arguments."""
     from transformers import TrainingArguments
 
     return True if TrainingArguments.__dataclass_fields__["fsdp"].default is None else "full_shard auto_wrap"
@@ -216,12 +218,13 @@ def is_sharded(model) -> bool:
 
 def merged_in_one_process(peft_model, dtype):
     """The LoRA of a sharded `peft_model` merged into its base weights by the main process alone, on its CPU: the
-    checkpoint the base model was loaded from, loaded again whole in `dtype` (the save's 16 bits; accelerate may
-    have upcast the sharded weights to float32), given the adapter gathered at the end of
-    training (`GatherAdapter`), merged by PEFT. PEFT cannot merge a sharded model (each rank holds a slice of every
-    weight), and the other ranks have left training, so no collective can gather the base weights now. It takes
-    the memory of a whole model in CPU RAM. UsageError before training has ended, or when the model's embeddings
-    were resized after loading (the checkpoint's no longer fit its adapter)."""
+    checkpoint the base model was loaded from (a QLoRA model's 16-bit one), loaded again whole in `dtype` (the
+    save's 16 bits), given the adapter gathered at the end of training (`GatherAdapter`), merged by PEFT. PEFT
+    cannot merge a sharded model (each rank holds a slice of every weight), and the other ranks have left training,
+    so no collective can gather the base weights now. It takes the memory of a whole model in CPU RAM. UsageError
+    before training has ended, for a checkpoint stored quantized, for a LoRA initialization that rewrote the base
+    weights (PiSSA, OLoRA, LoftQ, EVA, CorDA: the checkpoint no longer holds them), and when the embeddings were
+    resized after loading (the checkpoint's no longer fit the adapter)."""
     import copy
 
     from peft import get_peft_model
@@ -231,24 +234,35 @@ def merged_in_one_process(peft_model, dtype):
         raise UsageError("a merged save under --strategy fsdp before training has ended: the model is sharded "
                          "across the GPUs and its adapter is gathered when training ends; save after "
                          "trainer.train(), or save the adapter (save_method=\"lora\") with trainer.save_model()")
-    base = peft_model.get_base_model()
+    base, adapter = peft_model.get_base_model(), peft_model.active_adapter
+    config = copy.deepcopy(peft_model.peft_config[adapter])
+    name = base.name_or_path
+    instead = "; save the adapter (save_method=\"lora\") and merge it in one process, or use --strategy ddp"
+    if config.init_lora_weights not in (True, False, "gaussian"):
+        raise UsageError(f"a merged save under --strategy fsdp with init_lora_weights={config.init_lora_weights!r}, "
+                         f"which rewrote the base weights as the adapter was made: {name}, which the merge loads "
+                         "again, no longer holds them" + instead)
+    if getattr(type(base).config_class.from_pretrained(name), "quantization_config", None):
+        raise UsageError(f"a merged save under --strategy fsdp: {name} is stored quantized, and the merge loads the "
+                         "base checkpoint again in 16 bits" + instead + " (merging into the checkpoint it was "
+                         "quantized from)")
     if is_main_process():
-        log.info(f"nbddp: --strategy fsdp: merging the trained adapter into {base.name_or_path} in this one "
-                 "process, on the CPU (PEFT cannot merge a sharded model): the memory of a whole model in RAM")
-    whole = type(base).from_pretrained(base.name_or_path, dtype=dtype)
+        log.info(f"nbddp: --strategy fsdp: merging the trained adapter into {name} in this one process, on the CPU "
+                 "(PEFT cannot merge a sharded model): the memory of a whole model in RAM; the other ranks wait "
+                 f"up to {TIMEOUT_VARIABLE} (default {DEFAULT_TIMEOUT_S} s) for it")
+    whole = type(base).from_pretrained(name, dtype=dtype)
     trained, loaded = base.get_input_embeddings().num_embeddings, whole.get_input_embeddings().num_embeddings
     if trained != loaded:
         raise UsageError(f"a merged save under --strategy fsdp: the model's embeddings were resized to {trained} "
-                         f"tokens after loading, and {base.name_or_path} has {loaded}, so the checkpoint the merge "
-                         "loads again no longer fits the adapter; save the adapter (save_method=\"lora\") and "
-                         "merge it in one process after resizing the base model as the notebook does")
-    whole.config = copy.deepcopy(base.config)  # what the notebook set on it (Unsloth's own saves keep it too)
-    whole = get_peft_model(whole, peft_model.peft_config[peft_model.active_adapter])
+                         f"tokens after loading, and {name} has {loaded}, so the checkpoint the merge loads again "
+                         "no longer fits the adapter" + instead + " after resizing the base model as the notebook "
+                         "does")
+    config.init_lora_weights = False  # the gathered weights replace them
+    whole = get_peft_model(whole, config, adapter_name=adapter)
     unexpected = whole.load_state_dict(gathered, strict=False).unexpected_keys
-    untrained = {name for name, parameter in whole.named_parameters() if parameter.requires_grad} - set(gathered)
+    untrained = {key for key, parameter in whole.named_parameters() if parameter.requires_grad} - set(gathered)
     if unexpected or untrained:  # the gathered names are the PeftModel's own: this would be nbddp's fault
-        raise RuntimeError(f"nbddp: the gathered adapter does not fit {base.name_or_path}: "
-                           f"{sorted(unexpected or untrained)[:3]}")
+        raise RuntimeError(f"nbddp: the gathered adapter does not fit {name}: {sorted(unexpected or untrained)[:3]}")
     return whole.merge_and_unload().to(dtype)
 
 
