@@ -7,10 +7,12 @@ would, and nbddp's end-of-training gather and the main process's `save_pretraine
 """
 import json
 import logging
+import os
 import subprocess
 import sys
 import textwrap
 from types import SimpleNamespace
+from unittest import mock
 
 import pytest
 
@@ -68,12 +70,14 @@ def test_this_transformers_shards_as_the_option_string_says_without_deprecation(
     string_form = {**kwargs, "fsdp": "full_shard auto_wrap", "fsdp_config": dict(kwargs["fsdp_config"])}
     transformers_log = logging.getLogger("transformers")  # which does not propagate to caplog's root handler
     monkeypatch.setattr(transformers_log, "handlers", [caplog.handler])
-    chosen = TrainingArguments(**kwargs)
+    with mock.patch.dict(os.environ):  # 4.x sets accelerate's ACCELERATE_USE_FSDP, FSDP_*: every later Trainer's
+        chosen = TrainingArguments(**kwargs)
+        given = TrainingArguments(**string_form)
     assert not [r for r in caplog.records if "Passing `fsdp` as a" in r.getMessage()]
-    if not hasattr(chosen, "fsdp_plugin_args"):  # 4.x: the string itself, read into accelerate's FSDP_* variables
+    if not hasattr(chosen, "fsdp_plugin_args"):  # 4.x: the string itself, read into those variables
         assert kwargs["fsdp"] == "full_shard auto_wrap"
         return
-    assert chosen.fsdp_plugin_args == TrainingArguments(**string_form).fsdp_plugin_args
+    assert chosen.fsdp_plugin_args == given.fsdp_plugin_args
 
 
 def test_the_bitsandbytes_optimizers_are_transformers_own():
