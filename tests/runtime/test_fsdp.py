@@ -72,8 +72,9 @@ def test_this_transformers_shards_as_the_option_string_says_without_deprecation(
     monkeypatch.setattr(transformers_log, "handlers", [caplog.handler])
     with mock.patch.dict(os.environ):  # 4.x sets accelerate's ACCELERATE_USE_FSDP, FSDP_*: every later Trainer's
         chosen = TrainingArguments(**kwargs)
+        warned = [r for r in caplog.records if "Passing `fsdp` as a" in r.getMessage()]
         given = TrainingArguments(**string_form)
-    assert not [r for r in caplog.records if "Passing `fsdp` as a" in r.getMessage()]
+    assert not warned
     if not hasattr(chosen, "fsdp_plugin_args"):  # 4.x: the string itself, read into those variables
         assert kwargs["fsdp"] == "full_shard auto_wrap"
         return
