@@ -11,6 +11,10 @@
 # 5b. fsdp_qlora_prequantized: the tiny Llama saved in 4 bits (uint8 storage, as unsloth/*-bnb-4bit are) beside its
 #    base: --strategy fsdp loads the base instead and quantizes it as it loads (fsdp.shardable_checkpoint);
 # 6. auto_fits: --strategy auto (the default) on the tiny model: rank 0's line says ddp, and why.
+# 7. fsdp_merged_qlora, fsdp_merged_bf16: the Unsloth-style fixture notebook (tests/fixtures/unsloth_style) with its
+#    `save_pretrained_merged(..., "merged_16bit")` line switched on (and load_in_4bit = False for bf16), exported and
+#    trained under --strategy fsdp: its merged save (fsdp.merged_in_one_process) against plain PEFT merging the
+#    adapter the notebook saved into the 16-bit base, and against the base.
 # Results: $OUT/log and $OUT/fsdp_gpu.json (per run: exit status, losses, tokens/s, peak memory).
 set -o pipefail
 source bench/gpu_site.sh
@@ -33,6 +37,20 @@ resume() {  # name, then flags: 10 steps with a checkpoint every 5, then a run g
   run ${name}_resumed --strategy fsdp --max_steps 10 --save_steps 5 --resume true "$@"
   grep "resuming from" /tmp/fsdp/${name}_resumed.log
 }
+merged() {  # name, then sed expressions for the fixture: export it, train 10 steps under --strategy fsdp
+  local name=$1 work=/tmp/fsdp/$1 repo=$PWD; shift
+  rm -rf $work; mkdir -p $work/nb
+  sed -e 's/^if False: \(model.save_pretrained_merged("model", tokenizer, save_method = "merged_16bit",)\)/\1/' "$@" \
+    tests/fixtures/unsloth_style/01_finetune.py > $work/nb/01_finetune.py
+  grep -n -e "^model.save_pretrained_merged" -e "^load_in_4bit" $work/nb/01_finetune.py
+  (cd $work/nb && python3 -m jupytext -q --to ipynb 01_finetune.py) && python3 pipeline.py export --notebooks $work/nb \
+    --out $work/out | tail -3 || return
+  echo "== $name: $work/out/train.py --strategy fsdp"
+  (cd $work && time timeout 240 python3 -m torch.distributed.run --standalone --nproc_per_node 1 out/train.py \
+    --strategy fsdp --max_steps 10 --model_name $repo/models/tiny-llama --data_path $repo/data/tiny_instructions.jsonl \
+    > $work.log 2>&1; echo "exit status $?")
+  grep -E "nbddp: (backend|--strategy|error)|Error|error:" $work.log | head -8; ls $work/nb/model $work/nb/lora_model
+}
 prequantize() {  # folder: the tiny Llama saved already quantized (as unsloth/*-bnb-4bit are), beside its base
   python3 - "$1" <<'EOF'
 import shutil, sys, torch
@@ -51,7 +69,7 @@ EOF
 {
   nvidia-smi --query-gpu=index,name,memory.total --format=csv
   mkdir -p /tmp/fsdp
-  for name in ${RUNS:-pipeline fsdp_bf16 ddp_bf16 fsdp_qlora ddp_qlora fsdp_resume fsdp_qlora_resume fsdp_qlora_prequantized auto_fits}; do  # RUNS: some of them
+  for name in ${RUNS:-pipeline fsdp_bf16 ddp_bf16 fsdp_qlora ddp_qlora fsdp_resume fsdp_qlora_resume fsdp_qlora_prequantized auto_fits fsdp_merged_qlora fsdp_merged_bf16}; do  # RUNS: some of them
     case $name in
       pipeline) echo "== pipeline.py run --strategy fsdp"
         time timeout 300 python3 pipeline.py run --strategy fsdp -p max_steps $steps
@@ -66,6 +84,8 @@ EOF
         run fsdp_qlora_prequantized --strategy fsdp --load_in_4bit true --model_name /tmp/fsdp/models/tiny-llama-bnb-4bit
         grep "quantizing it as it loads" /tmp/fsdp/fsdp_qlora_prequantized.log ;;
       auto_fits) run auto_fits --max_steps 2; grep -- "--strategy auto" /tmp/fsdp/auto_fits.log ;;
+      fsdp_merged_qlora) merged fsdp_merged_qlora ;;
+      fsdp_merged_bf16) merged fsdp_merged_bf16 -e 's/^load_in_4bit = True/load_in_4bit = False/' ;;
     esac
   done
   python3 - <<'EOF'
@@ -104,6 +124,25 @@ for name in ("fsdp_resume", "fsdp_qlora_resume"):
 auto = [line for line in open("/tmp/fsdp/auto_fits.log") if "--strategy auto" in line] \
     if os.path.exists("/tmp/fsdp/auto_fits.log") else []
 out["auto_fits"] = auto[0].strip() if auto else None
+for name in ("fsdp_merged_qlora", "fsdp_merged_bf16"):  # the merged save against PEFT's merge of the saved adapter
+    folder = f"/tmp/fsdp/{name}/nb"
+    if not os.path.isdir(f"{folder}/model"):
+        continue
+    try:
+        merged = AutoModelForCausalLM.from_pretrained(f"{folder}/model", dtype=torch.bfloat16)
+        plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.bfloat16)
+        untouched = {key: value.clone() for key, value in plain.state_dict().items()}
+        expected = PeftModel.from_pretrained(plain, f"{folder}/lora_model").merge_and_unload()
+        ours, theirs = merged.state_dict(), expected.state_dict()
+        with torch.no_grad():
+            a, b = merged.eval()(input_ids=ids).logits, expected.eval()(input_ids=ids).logits
+        out[name] = {"dtypes": sorted({str(v.dtype) for v in ours.values()}), "same_keys": ours.keys() == theirs.keys(),
+                     "weights_bit_equal_to_peft_merge": all(torch.equal(ours[k], theirs[k]) for k in theirs),
+                     "weights_changed_from_base": sum(not torch.equal(ours[k], untouched[k]) for k in untouched),
+                     "max_abs_logit_diff_vs_peft_merge": float((a - b).abs().max()),
+                     "logit_scale": float(b.abs().max())}
+    except Exception as error:  # reported, not hidden
+        out[name] = repr(error)[:300]
 print(json.dumps(out, indent=1))
 json.dump(out, open(os.environ["OUT"] + "/fsdp_gpu.json", "w"), indent=1)
 EOF
