@@ -270,6 +270,51 @@ def test_generation_after_sharded_training_says_why_instead_of_waiting():
         model.generate(max_new_tokens=8)
 
 
+
+GENERATING_WORKER = textwrap.dedent('''
+    import json, sys
+    from types import SimpleNamespace
+    import torch, torch.distributed as dist
+    from peft.utils.other import fsdp_auto_wrap_policy
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+    from transformers import TrainerState
+    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.runtime.trainer import fsdp
+
+    fsdp.install()
+    dist.init_process_group("gloo")
+    model, _ = FastLanguageModel.from_pretrained(sys.argv[1], max_seq_length=32, load_in_4bit=False)
+    model = FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
+    # as accelerate shards QLoRA for a bf16 run: FSDP1, LoRA in units of their own, float32 weights cast in forward
+    bf16 = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16, buffer_dtype=torch.bfloat16)
+    model = FullyShardedDataParallel(model, auto_wrap_policy=fsdp_auto_wrap_policy(model), use_orig_params=False,
+                                     device_id=torch.device("cpu"), mixed_precision=bf16)
+    prompt = torch.tensor([[1, 3, 4, 5, 6, 3, 7]])
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # as Trainer trains in bf16
+        model(input_ids=prompt, labels=prompt).loss.backward()
+    fsdp.gather_adapter_class()().on_train_end(SimpleNamespace(world_size=1, bf16=True, fp16=False),
+                                               TrainerState(), None, model=model)
+    tokens = fsdp.peft_model_of(model).generate(input_ids=prompt, max_new_tokens=3, do_sample=False)
+    json.dump(tokens.tolist(), open(sys.argv[2], "w"))
+    dist.destroy_process_group()
+''')
+
+
+def test_generation_after_sharded_training_on_one_gpu_runs_as_training_did(tiny_llama_dir, model_cache, tmp_path):
+    """A notebook's inference cell after QLoRA under FSDP1 on one GPU: PEFT casts the input to the float32 FSDP1
+    keeps a LoRA unit's weights in between forwards, and the unit computes in bf16 ("expected mat1 and mat2 to have
+    the same dtype", one H200). Trainer's forwards ran under autocast, and so does generate."""
+    from nbddp.runtime.backends.tiny_model import ensure_weights
+
+    worker, out = tmp_path / "worker.py", tmp_path / "tokens.json"
+    worker.write_text(GENERATING_WORKER)
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                             str(worker), ensure_weights(str(tiny_llama_dir)), str(out)], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    tokens = json.loads(out.read_text())
+    assert len(tokens) == 1 and tokens[0][:7] == [1, 3, 4, 5, 6, 3, 7] and len(tokens[0]) == 10
+
 WORKER = textwrap.dedent('''
     import json, os, sys
     import torch, torch.distributed as dist

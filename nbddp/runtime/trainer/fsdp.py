@@ -16,7 +16,7 @@ training every rank gathers the trainable (LoRA) weights, small beside the model
 plain PEFT loads. A merged save merges that adapter into the base checkpoint loaded again by the main process
 (`merged_in_one_process`). Full finetuning is refused (`refuse_full_finetuning`): its whole weights stay sharded.
 Generation after training on several GPUs is refused (`refuse_lone_generation`): it would run on the main process
-alone.
+alone; on one, it runs under autocast as training did (`generate_as_trained`).
 
 accelerate runs FSDP only on GPUs (its state.py sets DistributedType.FSDP in the CUDA-like branch alone): on CPU
 processes Trainer would train plain DDP without a word, so `--strategy fsdp` without CUDA is refused. A smoke run
@@ -297,6 +297,8 @@ def gather_adapter_class():
             peft_model.nbddp_gathered = gathered if state.is_world_process_zero else None
             if args.world_size > 1:
                 refuse_lone_generation(peft_model)
+            elif args.bf16 or args.fp16:
+                generate_as_trained(peft_model, "bfloat16" if args.bf16 else "float16")
 
     return GatherAdapter
 
@@ -311,6 +313,23 @@ def refuse_lone_generation(peft_model) -> None:
                          "train with --strategy ddp")
 
     peft_model.generate = generate
+
+
+def generate_as_trained(peft_model, dtype: str) -> None:
+    """`peft_model.generate` runs under torch.autocast in `dtype`, as the trainer ran its forwards. FSDP1 keeps a
+    LoRA unit's weights in float32 outside its forward and casts them to `dtype` inside, and PEFT, outside autocast,
+    casts the input to the dtype it reads first: "expected mat1 and mat2 to have the same dtype" (one H200)."""
+    import torch
+
+    generate = peft_model.generate
+    device_type = next(peft_model.parameters()).device.type
+
+    @functools.wraps(generate)
+    def generate_in_autocast(*args, **kwargs):
+        with torch.autocast(device_type, dtype=getattr(torch, dtype)):
+            return generate(*args, **kwargs)
+
+    peft_model.generate = generate_in_autocast
 
 
 def _saves_gathered(original):
