@@ -347,8 +347,8 @@ WORKER = textwrap.dedent('''
     from transformers import TrainerState
     state = TrainerState(is_world_process_zero=rank == 0)
     from types import SimpleNamespace
-    fsdp.gather_adapter_class()().on_train_end(SimpleNamespace(world_size=dist.get_world_size()), state, None,
-                                               model=model)
+    arguments = SimpleNamespace(world_size=dist.get_world_size(), bf16=False, fp16=False)  # float32, as trained here
+    fsdp.gather_adapter_class()().on_train_end(arguments, state, None, model=model)
     restored = None
     if sys.argv[3] == "fsdp1":  # a Trainer checkpoint and its resume, as accelerate's save_/load_fsdp_model do them
         import peft
