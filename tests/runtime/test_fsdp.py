@@ -270,7 +270,6 @@ def test_generation_after_sharded_training_says_why_instead_of_waiting():
         model.generate(max_new_tokens=8)
 
 
-
 GENERATING_WORKER = textwrap.dedent('''
     import json, sys
     from types import SimpleNamespace
@@ -314,6 +313,7 @@ def test_generation_after_sharded_training_on_one_gpu_runs_as_training_did(tiny_
     assert result.returncode == 0, result.stderr[-3000:]
     tokens = json.loads(out.read_text())
     assert len(tokens) == 1 and tokens[0][:7] == [1, 3, 4, 5, 6, 3, 7] and len(tokens[0]) == 10
+
 
 WORKER = textwrap.dedent('''
     import json, os, sys

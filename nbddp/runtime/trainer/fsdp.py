@@ -286,6 +286,7 @@ def gather_adapter_class():
     """`GatherAdapter`, made once transformers may be imported: a TrainerCallback that, at the end of training,
     gathers the trainable weights of an FSDP-managed model onto the main process's PeftModel (`nbddp_gathered`),
     which its `save_pretrained` then writes."""
+    import torch
     from transformers import TrainerCallback
 
     class GatherAdapter(TrainerCallback):
@@ -298,7 +299,7 @@ def gather_adapter_class():
             if args.world_size > 1:
                 refuse_lone_generation(peft_model)
             elif args.bf16 or args.fp16:
-                generate_as_trained(peft_model, "bfloat16" if args.bf16 else "float16")
+                generate_as_trained(peft_model, torch.bfloat16 if args.bf16 else torch.float16)
 
     return GatherAdapter
 
@@ -315,7 +316,7 @@ def refuse_lone_generation(peft_model) -> None:
     peft_model.generate = generate
 
 
-def generate_as_trained(peft_model, dtype: str) -> None:
+def generate_as_trained(peft_model, dtype) -> None:
     """`peft_model.generate` runs under torch.autocast in `dtype`, as the trainer ran its forwards. FSDP1 keeps a
     LoRA unit's weights in float32 outside its forward and casts them to `dtype` inside, and PEFT, outside autocast,
     casts the input to the dtype it reads first: "expected mat1 and mat2 to have the same dtype" (one H200)."""
@@ -326,7 +327,7 @@ def generate_as_trained(peft_model, dtype: str) -> None:
 
     @functools.wraps(generate)
     def generate_in_autocast(*args, **kwargs):
-        with torch.autocast(device_type, dtype=getattr(torch, dtype)):
+        with torch.autocast(device_type, dtype=dtype):
             return generate(*args, **kwargs)
 
     peft_model.generate = generate_in_autocast
