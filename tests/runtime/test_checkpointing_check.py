@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.gradient_checkpointing import CheckpointingChoice
 from nbddp.runtime.memory.gradient_checkpointing_check import (FirstStepMemoryCheck, first_step_report,
                                                                larger_micro_batch_tip)
@@ -117,6 +118,12 @@ def test_a_trainer_with_another_batch_is_estimated_again(capsys):
     check.on_train_begin(args(batch=8), STATE, None)
     assert check.estimate_gib == pytest.approx(estimate_peak(SHAPE, 2048, 8, "off")["total_gib"])
     assert "was chosen for batch 2 x 2048 tokens, the trainer runs 8 x 2048" in capsys.readouterr().out
+
+
+@pytest.fixture(autouse=True)
+def no_plans_of_earlier_tests(monkeypatch):
+    """batch_plan.of finds plans other tests built in this process by their layout; these tests build none."""
+    monkeypatch.setattr(batch_plan, "_built", [])
 
 
 @pytest.fixture

@@ -122,3 +122,81 @@ def test_other_layouts_and_grpo_are_left_as_planned(patched_train, tiny_model_pa
     trainer.train()
     assert (trainer.args.per_device_train_batch_size, trainer.args.gradient_accumulation_steps) == (2, 2)
     assert "GRPO's generation batch is laid out from the micro batch" in capsys.readouterr().out
+
+
+def unsloth_like_trainer(trainer_class, model_path, output_dir, monkeypatch):
+    """A trainer whose model was set up as Unsloth's `get_peft_model(use_gradient_checkpointing="unsloth")` leaves
+    it: the mode recorded on the model, every layer's flag set to that string (not True), and the recorded mode
+    applied to every layer again later by `for_training`, as Unsloth's trainers do when train() starts and after a
+    generate(). Returns (trainer, the count of checkpoint function calls)."""
+    import transformers.modeling_utils
+    from datasets import Dataset
+    from transformers import TrainingArguments
+
+    calls = []
+    checkpoint = transformers.modeling_utils.checkpoint  # what gradient_checkpointing_enable() gives the layers
+    monkeypatch.setattr(transformers.modeling_utils, "checkpoint",
+                        lambda *args, **kwargs: calls.append(1) or checkpoint(*args, **kwargs))
+    model = hf_backend.FastLanguageModel.from_pretrained(model_path, max_seq_length=64, load_in_4bit=False)[0]
+    model = hf_backend.FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, use_gradient_checkpointing="unsloth",
+                                                        random_state=0)
+    model._unsloth_gradient_checkpointing = "unsloth"
+
+    def for_training():
+        for module in model.modules():
+            if hasattr(module, "gradient_checkpointing"):
+                module.gradient_checkpointing = model._unsloth_gradient_checkpointing
+
+    class UnslothLikeTrainer(trainer_class):
+        def training_step(self, *args, **kwargs):
+            for_training()
+            return super().training_step(*args, **kwargs)
+
+    for_training()
+    args = DistributedContext(batch_layout="auto").training_args(TrainingArguments)(
+        output_dir=str(output_dir), max_steps=2, use_cpu=True, report_to="none", logging_steps=1, seed=0,
+        per_device_train_batch_size=2, gradient_accumulation_steps=2, gradient_checkpointing=True)
+    rows = [{"input_ids": ids, "labels": ids} for ids in ([1, 3 + i % 7, 4, 5 + i % 5, 2] for i in range(16))]
+    return UnslothLikeTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows)), calls
+
+
+def test_checkpointing_off_is_off_under_unsloths_recorded_mode(patched_train, tiny_model_path, tmp_path, capsys,
+                                                               monkeypatch):
+    """Seen on an H100 before: "checkpointing off (was 2, unsloth)" printed while every layer still went through
+    Unsloth's offloading checkpoint function, 32 calls a step, because its flags hold "unsloth" and its trainers
+    re-apply the mode recorded at get_peft_model."""
+    trainer, calls = unsloth_like_trainer(patched_train, tiny_model_path, tmp_path, monkeypatch)
+    trainer.model.train()
+    trainer.model(input_ids=torch.tensor([[1, 3, 4, 2]]), labels=torch.tensor([[1, 3, 4, 2]])).loss.backward()
+    assert calls, "the stand-in must checkpoint before the layout switches it off"
+    calls.clear()
+    trainer.train()
+    assert "micro batch 4 with gradient checkpointing off (was 2, true)" in capsys.readouterr().out
+    assert calls == []
+    assert trainer.model._unsloth_gradient_checkpointing is False
+
+
+def test_a_failed_probe_gives_unsloth_its_mode_back(patched_train, tiny_model_path, tmp_path, monkeypatch):
+    trainer, calls = unsloth_like_trainer(patched_train, tiny_model_path, tmp_path, monkeypatch)
+    forward = type(trainer.model).forward
+    failed = []
+
+    def out_of_memory_once(self, *args, **kwargs):
+        if not failed:
+            failed.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory (planted)")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(trainer.model), "forward", out_of_memory_once)
+    trainer.train()
+    assert trainer.model._unsloth_gradient_checkpointing == "unsloth"
+    assert calls  # the notebook's layout, with its recompute
+
+
+def test_a_probe_that_adds_far_less_than_the_estimate_says_the_mode_is_not_in_force():
+    chosen = Candidate(8, "off", estimate_gib=37.4, activations_gib=27.0)
+    assert fuller_batch.mode_not_in_force(chosen, used_gib=20.0) is None
+    assert fuller_batch.mode_not_in_force(chosen, used_gib=None) is None  # no GPU figure
+    warning = fuller_batch.mode_not_in_force(chosen, used_gib=2.1)
+    assert warning.startswith("the probe step at micro batch 8 added 2.1 GiB, under 50% of the 27.0 GiB of "
+                              "activations estimated with gradient checkpointing off: the layers still recompute")

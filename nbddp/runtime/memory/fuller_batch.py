@@ -31,7 +31,8 @@ from nbddp import log
 from nbddp.runtime import patches
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.batch_plan import BatchPlan
-from nbddp.runtime.memory.gradient_checkpointing import capacity_gib, real_unsloth_imported, smallest_over_ranks
+from nbddp.runtime.memory.gradient_checkpointing import (capacity_gib, checkpointed_modules, real_unsloth_imported,
+                                                         smallest_over_ranks, switch_back, switch_off)
 from nbddp.runtime.memory.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
 from nbddp.runtime.rank import is_main_process
 
@@ -39,6 +40,9 @@ from nbddp.runtime.rank import is_main_process
 # more: the 1.1B shape at 8 x 2048 ran 1.39x the tokens/s of 4 x 2048 (bench/results/batch_1b.json).
 SATURATED_TOKENS = 16384
 MODE_COST = {"off": 0, "true": 1, "unsloth": 2}  # recompute work, cheapest first
+# A probe step that adds less than this share of the activations estimated for its mode does not run that mode
+# (estimate and measurement agreed within 30% where calibrated: memory_estimate).
+FAR_BELOW = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +50,7 @@ class Candidate:
     micro_batch: int
     mode: str  # gradient checkpointing: "off" | "true" | "unsloth"
     estimate_gib: float
+    activations_gib: float = 0.0  # of the estimate, what the step itself adds: activations (and logits)
 
 
 def patch_trainer(trainer_class) -> None:
@@ -77,7 +82,7 @@ def lay_out(trainer, plan: BatchPlan) -> None:
         _say(f"--batch_layout {plan.layout}: {reason}; {plan.describe()}")
         return
     switched = _set_mode(trainer, chosen.mode, current)
-    ok, peak_gib, note = _probe(trainer, (rows or [])[: chosen.micro_batch], device)
+    ok, peak_gib, used_gib, note = _probe(trainer, (rows or [])[: chosen.micro_batch], device)
     if not ok:
         _set_mode(trainer, current, chosen.mode, switched)
         _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with checkpointing {chosen.mode} {note} "
@@ -92,10 +97,27 @@ def lay_out(trainer, plan: BatchPlan) -> None:
     trainer._train_batch_size = trainer.args.train_batch_size  # what get_train_dataloader batches by
     trainer.args.nbddp_batch_plan = new_plan
     _update_checkpointing_choice(trainer, chosen)
+    used = "" if used_gib is None else (f" (the probe step added {format_gib(used_gib)} GiB; activations estimated "
+                                        f"{format_gib(chosen.activations_gib)} GiB)")
     _say(f"--batch_layout {plan.layout}: micro batch {chosen.micro_batch} with gradient checkpointing {chosen.mode} "
          f"(was {plan.micro_batch}, {current}): estimated {format_gib(chosen.estimate_gib)} GiB, this process's "
-         f"peak after the probe {format_gib(peak_gib)} GiB at the longest rows ({seq_len} tokens), budget "
+         f"peak after the probe {format_gib(peak_gib)} GiB{used} at the longest rows ({seq_len} tokens), budget "
          f"{budget:.1f} GiB; {new_plan.describe()}")
+    warning = mode_not_in_force(chosen, used_gib)
+    if warning:
+        _say(f"warning: {warning}")
+
+
+def mode_not_in_force(chosen: Candidate, used_gib: float | None) -> str | None:
+    """What to say when the probe's memory shows that `chosen.mode` is not the mode that ran: the step added less
+    than FAR_BELOW of the activations estimated for it, so layers still recompute or offload their inputs.
+    None when it agrees, or where there is no GPU memory figure (`used_gib` None)."""
+    if used_gib is None or used_gib >= FAR_BELOW * chosen.activations_gib:
+        return None
+    return (f"the probe step at micro batch {chosen.micro_batch} added {format_gib(used_gib)} GiB, under "
+            f"{FAR_BELOW:.0%} of the {format_gib(chosen.activations_gib)} GiB of activations estimated with gradient "
+            f"checkpointing {chosen.mode}: the layers still recompute or offload, so the mode in force is not "
+            f"{chosen.mode!r} and its step time and memory are not what this line says")
 
 
 def _decide(trainer, plan, rows, current, budget) -> tuple[str | None, Candidate | None]:
@@ -161,8 +183,13 @@ def _candidates(model, plan, seq_len, current, lora_r, transformers_peft) -> lis
     modes = sorted({"off", current}, key=MODE_COST.get)
     sizes = [int(plan.layout)] if plan.layout.isdigit() else [
         b for b in range(plan.micro_batch, per_process + 1) if per_process % b == 0]
-    return [Candidate(b, mode, estimate_peak(shape, seq_len, b, mode, transformers_peft)["total_gib"])
-            for b in sizes for mode in modes]
+    candidates = []
+    for b in sizes:
+        for mode in modes:
+            estimate = estimate_peak(shape, seq_len, b, mode, transformers_peft)
+            candidates.append(Candidate(b, mode, estimate["total_gib"],
+                                        estimate["activations_gib"] + estimate["logits_gib"]))
+    return candidates
 
 
 def _longest_rows(trainer):
@@ -185,13 +212,15 @@ def _longest_rows(trainer):
     return rows or None
 
 
-def _probe(trainer, rows, device) -> tuple[bool, float | None, str]:
+def _probe(trainer, rows, device) -> tuple[bool, float | None, float | None, str]:
     """Forward and backward of `rows` on the bare model, leaving no trace (random state, gradients, mode):
-    (every rank got through, this process's peak memory since it started in GiB, what went wrong). A failure other
-    than running out of memory is raised once every rank has heard of it."""
+    (every rank got through, this process's peak memory since it started in GiB, what the probe step added to the
+    memory it started with in GiB (on a GPU; else None), what went wrong). A failure other than running out of
+    memory is raised once every rank has heard of it."""
     model = trainer.model
     was_training = model.training
     failure, note = None, ""
+    earlier_peak, start = _start_measuring(device)
     with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
         model.train()
         try:
@@ -219,7 +248,22 @@ def _probe(trainer, rows, device) -> tuple[bool, float | None, str]:
     ok = _all_ranks(not note, device)
     if failure is not None:
         raise failure
-    return ok, _peak_gib(device) if ok else None, note or "failed on another rank"
+    if not ok:
+        return False, None, None, note or "failed on another rank"
+    if start is None:
+        return True, _peak_gib(device), None, ""
+    probe_peak = torch.cuda.max_memory_allocated(device)
+    return True, max(earlier_peak, probe_peak) / GIB, (probe_peak - start) / GIB, ""
+
+
+def _start_measuring(device) -> tuple[int | None, int | None]:
+    """On a GPU: (the peak allocated so far, what is allocated now), with the peak counter reset so that the probe's
+    own peak can be read; (None, None) elsewhere."""
+    if device.type != "cuda":
+        return None, None
+    earlier_peak = torch.cuda.max_memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return earlier_peak, torch.cuda.memory_allocated(device)
 
 
 class _CannotProbe(Exception):
@@ -231,32 +275,20 @@ def _current_mode(trainer) -> str:
     choice = getattr(trainer.model, "nbddp_checkpointing", None)  # the example notebooks' choose_gradient_checkpointing
     if choice is not None:
         return choice.mode
-    on = trainer.args.gradient_checkpointing or bool(_checkpointed_modules(trainer.model))
+    on = trainer.args.gradient_checkpointing or bool(checkpointed_modules(trainer.model))
     if not on:
         return "off"
     return "unsloth" if real_unsloth_imported() else "true"
 
 
-def _checkpointed_modules(model) -> list:
-    return [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) is True]
-
-
-def _set_mode(trainer, mode, current, modules=None) -> list:
-    """Switch recompute off (or back on, given the `modules` an earlier call switched off); returns those modules.
-    Flags only, so that switching back restores whatever checkpoint function Unsloth or Transformers installed."""
+def _set_mode(trainer, mode, current, saved=None):
+    """Switch recompute off (returns what `switch_back` needs), or back on given what switching off returned."""
     if mode == current:
-        return []
+        return None
     if mode == "off":
-        modules = _checkpointed_modules(trainer.model)
-        for module in modules:
-            module.gradient_checkpointing = False
-        trainer.args.nbddp_gradient_checkpointing = trainer.args.gradient_checkpointing
-        trainer.args.gradient_checkpointing = False  # else Trainer.train() switches it on again
-        return modules
-    for module in modules or []:
-        module.gradient_checkpointing = True
-    trainer.args.gradient_checkpointing = getattr(trainer.args, "nbddp_gradient_checkpointing", True)
-    return []
+        return switch_off(trainer.model, trainer.args)
+    switch_back(trainer.args, saved)
+    return None
 
 
 def _lora_r(model) -> int:

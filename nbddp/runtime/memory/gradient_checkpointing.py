@@ -37,6 +37,9 @@ from nbddp.runtime.rank import is_main_process
 PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
 UNSLOTH_MIN_OFFLOAD_SEQ = 512  # below this Unsloth recomputes as "true" (offloading is not worth it there)
 _UNSLOTH_VALUES = {"off": False, "true": True, "unsloth": "unsloth"}  # what Unsloth's get_peft_model takes
+# Where Unsloth's get_peft_model records the mode on the model (unsloth 2026.10.9, models/llama.py patch_peft_model);
+# its trainers' train() re-applies it to every layer through for_training (models/rl.py prepare_for_training_mode).
+UNSLOTH_RECORDED_MODE = "_unsloth_gradient_checkpointing"
 
 
 def parse_mode(value) -> str:
@@ -174,18 +177,58 @@ def apply_to_trainer(trainer, choice: CheckpointingChoice) -> None:
     # imports transformers: after Unsloth
     from nbddp.runtime.memory.gradient_checkpointing_check import FirstStepMemoryCheck
 
-    if choice.mode == "off" and trainer.args.gradient_checkpointing:
+    if choice.mode == "off" and (trainer.args.gradient_checkpointing or checkpointed_modules(trainer.model)):
         # Trainer.train() would enable it on the model (TRL 0.x's trainers already did, in their __init__).
         # Unsloth's own trainers do the same for a config left at TRL's default; the Transformers+PEFT fallback
         # needs it here, with the input-gradient hook that TRL adds for checkpointing taken off again.
-        trainer.args.gradient_checkpointing = False
-        if trainer.model.is_gradient_checkpointing:
-            trainer.model.gradient_checkpointing_disable()
+        switch_off(trainer.model, trainer.args)
         if hasattr(trainer.model, "_require_grads_hook"):  # transformers 4.x fails without one to remove
             trainer.model.disable_input_require_grads()
         if is_main_process():
             log.info("nbddp: the trainer's gradient_checkpointing turned off, as use_gradient_checkpointing chose")
     trainer.add_callback(FirstStepMemoryCheck(choice))
+
+
+@dataclasses.dataclass
+class Recompute:
+    """What `switch_off` changed, for `switch_back`: (object, value) pairs."""
+
+    layer_flags: list
+    unsloth_modes: list
+    trainer_flag: bool
+
+
+def checkpointed_modules(model) -> list:
+    """The modules that recompute in backward from the next training forward on: their `gradient_checkpointing` flag
+    is set. Transformers sets it to True; Unsloth's `for_training` to the mode it records ("unsloth" or True)."""
+    return [module for module in model.modules() if getattr(module, "gradient_checkpointing", False) not in (False, None)]
+
+
+def switch_off(model, args) -> Recompute:
+    """No layer of `model` recomputes, and nothing is offloaded, from the next forward on, under Unsloth as under the
+    Transformers+PEFT fallback: the layers' flags, the training arguments' flag (Trainer.train() would enable it
+    again) and the mode Unsloth recorded at `get_peft_model` (`_unsloth_gradient_checkpointing`, which its trainers'
+    train() hands to `for_training`, which sets every layer's flag to it) all say off."""
+    saved = Recompute(
+        layer_flags=[(module, module.gradient_checkpointing) for module in checkpointed_modules(model)],
+        unsloth_modes=[(module, module.__dict__[UNSLOTH_RECORDED_MODE]) for module in model.modules()
+                       if UNSLOTH_RECORDED_MODE in module.__dict__],
+        trainer_flag=args.gradient_checkpointing)
+    for module, _ in saved.layer_flags:
+        module.gradient_checkpointing = False
+    for module, _ in saved.unsloth_modes:
+        setattr(module, UNSLOTH_RECORDED_MODE, False)
+    args.gradient_checkpointing = False
+    return saved
+
+
+def switch_back(args, saved: Recompute) -> None:
+    """Undo `switch_off`: the same layers recompute as they did, with the checkpoint function they had."""
+    for module, value in saved.layer_flags:
+        module.gradient_checkpointing = value
+    for module, value in saved.unsloth_modes:
+        setattr(module, UNSLOTH_RECORDED_MODE, value)
+    args.gradient_checkpointing = saved.trainer_flag
 
 
 def real_unsloth_imported() -> bool:
