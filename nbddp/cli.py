@@ -27,6 +27,7 @@ from nbddp import log
 from nbddp.errors import NbddpError, UsageError
 from nbddp.export import export
 from nbddp.export.help import export_epilog
+from nbddp.orchestration import flag_spelling
 from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
 from nbddp.orchestration.new_project import new_project
 from nbddp.orchestration.regress import regress
@@ -35,11 +36,33 @@ from nbddp.orchestration.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_jo
 from nbddp.orchestration.smoke import smoke
 
 
+DEFAULT_SCRIPT = "generated/train.py"
+
+
 class HelpFormatter(argparse.HelpFormatter):
-    """argparse's, but an option's help never breaks inside a flag or a value (`--batch-` / `layout`, `1e-` / `4`)."""
+    """argparse's, but an option's help never breaks inside a flag or a value (`--batch-` / `layout`, `1e-` / `4`),
+    and a description's or epilog's line that starts with two spaces (a table's row) is kept as it is."""
 
     def _split_lines(self, text, width):
         return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        fill = super()._fill_text
+        return "\n".join(indent + line if line.startswith("  ") else fill(line, width, indent)
+                         for line in text.splitlines())
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's, but a mistake is one paragraph (UsageError, exit 2) that names the command's --help, not its usage
+    block."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see `{command_prog(self.prog)} --help`)")
+
+
+def command_prog(prog) -> str:
+    """How a user types the command argparse calls `prog`: `python pipeline.py run`, `nbddp run`."""
+    return f"python {prog}" if prog.split()[0].endswith(".py") else prog
 
 
 def add_new_command(subcommands) -> None:
@@ -95,7 +118,7 @@ def run_export(args) -> int:
 
 
 def add_script_option(command) -> None:
-    command.add_argument("--script", default="generated/train.py", help="the generated script (default: %(default)s)")
+    command.add_argument("--script", default=DEFAULT_SCRIPT, help="the generated script (default: %(default)s)")
 
 
 def add_parameter_options(command) -> None:
@@ -192,7 +215,8 @@ def add_smoke_command(subcommands) -> None:
                "script), train.html, "
                "params.json (the injected parameters), metrics.jsonl, cells.stdout.log / cells.stderr.log (what "
                "the cells printed) and papermill.stderr.log. A failing cell is reported at its source notebook, "
-               "cell and line; exit status 1, or 2 for bad input nbddp caught (a missing data file, say).",
+               "cell and line; exit status 1, or 2 for bad input nbddp caught (a missing data file, say).\n"
+               + flag_spelling.parameters_help(DEFAULT_SCRIPT, "smoke"),
     )
     add_script_option(command)
     add_parameter_options(command)
@@ -214,6 +238,7 @@ def add_launch_command(subcommands) -> None:
         formatter_class=HelpFormatter,
         help="run the generated script under torchrun",
         description="Launch the generated script with torchrun (gloo on CPU, NCCL on GPUs); exits with its status.",
+        epilog=flag_spelling.parameters_help(DEFAULT_SCRIPT, "launch"),
     )
     add_script_option(command)
     add_launch_options(command)
@@ -252,6 +277,7 @@ def add_run_command(subcommands) -> None:
         help="export check, smoke run, then torchrun, and a summary",
         description="Check generated/ is fresh, smoke-run it, launch it with torchrun, summarise; "
                     "stops at the first failure. Results in runs/<UTC time>-run/.",
+        epilog=flag_spelling.parameters_help(DEFAULT_SCRIPT, "run"),
     )
     add_script_option(command)
     add_launch_options(command)
@@ -306,7 +332,7 @@ Each subcommand has its own --help. Bad input exits 2 and names the notebook, ce
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog=os.path.basename(sys.argv[0]) if sys.argv[0].endswith("pipeline.py") else "nbddp",
         description=__doc__.splitlines()[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -331,13 +357,33 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def parse(parser, argv) -> argparse.Namespace:
+    """argparse's reading of `argv`; an option the command does not take is a UsageError saying what it probably
+    meant (flag_spelling), the command corrected in it."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        words = list(argv)
+        words.remove(args.command)
+        command = flag_spelling.Command(command_prog(parser.prog), args.command, words)
+        raise UsageError(flag_spelling.unknown_options(command, unknown, verb_options(parser),
+                                                       getattr(args, "script", DEFAULT_SCRIPT)))
+    return args
+
+
+def verb_options(parser) -> dict:
+    """{verb: the option strings it takes} for each subcommand of `parser`."""
+    verbs = next(action for action in parser._actions if isinstance(action, argparse._SubParsersAction)).choices
+    return {verb: [option for action in command._actions for option in action.option_strings]
+            for verb, command in verbs.items()}
+
+
 def main(argv=None) -> int:
-    """Run one subcommand; returns the exit status (argparse itself exits 2 on a bad flag)."""
-    args = build_parser().parse_args(argv)
+    """Run one subcommand; returns the exit status: 2 for a bad flag (one paragraph, the command corrected in it)."""
     level = log.logger.level
-    if getattr(args, "log_level", None) is not None:
-        log.set_level(args.log_level)
     try:
+        args = parse(build_parser(), sys.argv[1:] if argv is None else argv)
+        if getattr(args, "log_level", None) is not None:
+            log.set_level(args.log_level)
         return args.run(args)
     except NbddpError as err:
         print(f"error: {err}", file=sys.stderr)

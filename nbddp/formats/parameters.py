@@ -10,9 +10,10 @@ generated script's cell export writes a `# <notebook file name>` line above each
     backend = "auto"  # auto | unsloth | hf
 
 `read_cell` reads one into `Parameter`s: export the notebooks' cells, orchestration the script's defaults, the
-runtime the script's comments and notebooks for `--help`. `typed` is the one rule that turns a flag's text into a
-value of its default's type: the script's `--name VALUE` (nbddp.runtime.inputs.flags) and orchestration's
-`-p NAME VALUE` both use it, so they take and refuse the same texts.
+runtime the script's comments and notebooks for `--help`; `read_script` the cell of a generated script's file (the
+runtime's flags, and `pipeline.py`'s hints and `--help` before anything is run). `typed` is the one rule that turns a
+flag's text into a value of its default's type: the script's `--name VALUE` (nbddp.runtime.inputs.flags) and
+orchestration's `-p NAME VALUE` both use it, so they take and refuse the same texts.
 
 Standard library only, so every room reads the same cell.
 """
@@ -23,6 +24,7 @@ import tokenize
 from dataclasses import dataclass
 
 NBDDP_NOTEBOOK = "nbddp"  # the notebook line above nbddp's own parameters (backend, resume, ...)
+SCRIPT_CELL_MARKER = '# %% tags=["parameters"]'  # a generated script's parameters cell starts so (jupytext)
 NOTEBOOK_LINE = re.compile(rf"# (\d\d_.*\.ipynb|{NBDDP_NOTEBOOK})")  # a stage is NN_name.ipynb
 DTYPE = "dtype"  # Unsloth's parameter for the model's weights: None (auto detection) or a dtype name
 DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
@@ -80,6 +82,19 @@ def read_cell(source: str) -> list[Parameter]:
             end_line=statement.end_lineno,
         ))
     return parameters
+
+
+def read_script(path) -> list[Parameter]:
+    """`read_cell` of the parameters cell of the generated script at `path`: from SCRIPT_CELL_MARKER to the next
+    `# %%` line; [] without one. OSError when the file cannot be read; ParametersCellError with the script's line."""
+    with open(path, encoding="utf-8") as file:
+        lines = file.read().splitlines()
+    start = next((number + 1 for number, line in enumerate(lines) if line == SCRIPT_CELL_MARKER), len(lines))
+    end = next((number for number in range(start, len(lines)) if lines[number].startswith("# %%")), len(lines))
+    try:
+        return read_cell("\n".join(lines[start:end]))
+    except ParametersCellError as error:
+        raise ParametersCellError(str(error), start + error.line, error.name) from None
 
 
 def typed(name: str, default, text: str):

@@ -22,14 +22,15 @@ import sys
 from datetime import timedelta
 
 from nbddp.errors import UsageError
-from nbddp.formats.parameters import DTYPE, DTYPES, NBDDP_NOTEBOOK, Parameter, ParametersCellError, read_cell, typed
+from nbddp.formats.parameters import (DTYPE, DTYPES, NBDDP_NOTEBOOK, SCRIPT_CELL_MARKER, Parameter, ParametersCellError,
+                                     read_script, typed)
 from nbddp.runtime import working_directory
 from nbddp.runtime.inputs import preflight, training_overrides
 from nbddp.formats.script_parameters import WORKDIR
 
 # The one parameter nbddp adds to every generated script; its default lives in the script.
 BACKEND_CHOICES = ("auto", "unsloth", "hf")
-PARAMETERS_MARKER = '# %% tags=["parameters"]'  # the parameters cell's first line, as jupytext writes it
+PARAMETERS_MARKER = SCRIPT_CELL_MARKER  # the parameters cell's first line, as jupytext writes it
 OUTPUT_DIR = "output_dir"
 OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
 TIMEOUT_VARIABLE = "NBDDP_TIMEOUT_S"
@@ -96,19 +97,14 @@ def defined_in(script: str | None) -> dict[str, str]:
 
 
 def _parameters_cell(script: str | None) -> list[Parameter]:
-    """The `read_cell` of `script`'s parameters cell (from PARAMETERS_MARKER to the next `# %%` line); [] when
-    there is no readable script or no such cell. UsageError naming the script's line for a cell it cannot read."""
+    """The `read_script` of `script`; [] when there is no readable script or no parameters cell. UsageError naming
+    the script's line for a cell it cannot read."""
     try:
-        with open(script, encoding="utf-8") as file:
-            lines = file.read().splitlines()
+        return read_script(script)
     except (OSError, TypeError):  # TypeError: no __file__ (None)
         return []
-    start = next((number + 1 for number, line in enumerate(lines) if line == PARAMETERS_MARKER), len(lines))
-    end = next((number for number in range(start, len(lines)) if lines[number].startswith("# %%")), len(lines))
-    try:
-        return read_cell("\n".join(lines[start:end]))
     except ParametersCellError as error:
-        raise UsageError(f"{script}, line {start + error.line}, in the parameters cell: {error}") from None
+        raise UsageError(f"{script}, line {error.line}, in the parameters cell: {error}") from None
 
 
 def process_group_timeout() -> timedelta:
