@@ -1,16 +1,19 @@
 import json
+import zipfile
 
 import pytest
 
 from nbddp.formats import checkpoint_markers
 from nbddp.formats.checkpoint_markers import MARKER
 
+NO_TENSORS = (2).to_bytes(8, "little") + b"{}"  # a whole safetensors file: the header's length, an empty header
+
 
 def write_checkpoint(output_dir, step, complete=True, completed_at=None):
     """A checkpoint-<step> directory with a model file; marked complete (at `completed_at`, else now) or not."""
     path = output_dir / f"checkpoint-{step}"
     path.mkdir(parents=True)
-    (path / "adapter_model.safetensors").write_bytes(b"weights")
+    (path / "adapter_model.safetensors").write_bytes(NO_TENSORS)
     if complete:
         checkpoint_markers.mark_complete(path, step, world_size=2)
         if completed_at is not None:
@@ -36,12 +39,15 @@ def test_an_incomplete_checkpoint_is_never_the_latest(tmp_path):
     assert [path.name for path in checkpoint_markers.incomplete_dirs(tmp_path)] == ["checkpoint-12", "checkpoint-16"]
 
 
-@pytest.mark.parametrize("marker", ["", "{", '{"step": 8}', "[1, 2]", '{"step": "x", "world_size": 2, "completed_at": 1}'])
-def test_a_marker_that_is_not_ours_means_incomplete(tmp_path, marker):
+@pytest.mark.parametrize("marker", ["", "{", '{"step": 8}', "[1, 2]", '{"step": "x", "world_size": 2, "completed_at": 1}',
+                                    b'{"step": 8, "world_size": 2, "completed_at": 1, "run": "\xff"}'])
+def test_a_marker_that_is_not_ours_means_damaged_not_incomplete(tmp_path, marker):
     path = write_checkpoint(tmp_path, 8, complete=False)
-    (path / MARKER).write_text(marker)
+    (path / MARKER).write_bytes(marker if isinstance(marker, bytes) else marker.encode())
     assert checkpoint_markers.read_marker(path) is None
     assert checkpoint_markers.latest_complete(tmp_path) is None
+    assert checkpoint_markers.incomplete_dirs(tmp_path) == []  # not a half-written one, to be deleted
+    assert checkpoint_markers.damaged_dirs(tmp_path) == [(path, f"its marker {MARKER} is not the JSON nbddp writes")]
 
 
 def test_latest_means_last_completed_not_highest_step(tmp_path):
@@ -136,3 +142,68 @@ def test_rotation_of_one_run_spares_the_checkpoints_of_another(tmp_path):
     deleted = checkpoint_markers.rotate(tmp_path, keep=1, run="new")
     assert [path.name for path in deleted] == ["checkpoint-2", "checkpoint-4"]
     assert [c.step for c in checkpoint_markers.complete_checkpoints(tmp_path)] == [50, 6]
+
+
+HEADER = b'{"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}'  # 16 bytes of tensor data
+
+
+def write_zip(path, cut=0):
+    """A zip archive as torch.save writes one, less its last `cut` bytes."""
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/data.pkl", b"\x80\x02}q\x00." * 50)
+    path.write_bytes(path.read_bytes()[:len(path.read_bytes()) - cut])
+
+
+@pytest.mark.parametrize("name, content, why", [
+    ("optimizer.pt", b"", "optimizer.pt is empty (0 bytes)"),
+    ("optimizer.pt", "cut", "optimizer.pt is cut short ("),
+    ("adapter_model.safetensors", NO_TENSORS[:6], "adapter_model.safetensors is cut short (6 bytes, not a whole"),
+    ("adapter_model.safetensors", (len(HEADER)).to_bytes(8, "little") + HEADER + b"\0" * 8,
+     f"adapter_model.safetensors is cut short ({16 + len(HEADER)} bytes of the {24 + len(HEADER)} its header"),
+    ("trainer_state.json", b'{"global_step": 4, "log_hi', "trainer_state.json is not valid JSON ("),
+])
+def test_a_marked_checkpoint_whose_files_would_not_load_is_damaged(tmp_path, name, content, why):
+    write_checkpoint(tmp_path, 2)
+    path = write_checkpoint(tmp_path, 4)
+    if content == "cut":
+        write_zip(path / name, cut=10)
+    else:
+        (path / name).write_bytes(content)
+    [(found, reason)] = checkpoint_markers.damaged_dirs(tmp_path)
+    assert found == path and reason.startswith(why)
+    assert checkpoint_markers.latest_complete(tmp_path).step == 2  # the one before it is proposed
+
+
+def test_whole_files_are_no_damage(tmp_path):
+    path = write_checkpoint(tmp_path, 4)
+    write_zip(path / "optimizer.pt")
+    (path / "rng_state_0.pth").write_bytes(b"\x80\x02legacy torch.save")  # not a zip: not judged beyond its size
+    (path / "rng_state_1.pth").write_bytes(b"\x80\x02legacy torch.save")
+    (path / "trainer_state.json").write_text('{"global_step": 4}')
+    (path / "tokenizer.json").write_text("{")  # not loaded on resume
+    assert checkpoint_markers.damaged_dirs(tmp_path) == [] and checkpoint_markers.latest_complete(tmp_path).step == 4
+
+
+def test_a_marker_that_contradicts_its_directory_is_damaged(tmp_path):
+    wrong_step = write_checkpoint(tmp_path, 4)
+    (wrong_step / MARKER).write_text(json.dumps({"step": 40, "world_size": 2, "completed_at": 1.0}))
+    wrong_world = write_checkpoint(tmp_path, 6)
+    (wrong_world / MARKER).write_text(json.dumps({"step": 6, "world_size": 8, "completed_at": 2.0}))
+    for rank in (0, 1):
+        (wrong_world / f"rng_state_{rank}.pth").write_bytes(b"state")
+    assert checkpoint_markers.damaged_dirs(tmp_path) == [
+        (wrong_step, f"its marker {MARKER} says step 40, the directory is checkpoint-4"),
+        (wrong_world, f"its marker {MARKER} says 8 processes wrote it, the directory holds the RNG states of 2"),
+    ]
+    assert checkpoint_markers.latest_complete(tmp_path) is None
+
+
+def test_setting_aside_moves_the_directory_whole(tmp_path):
+    first, second = write_checkpoint(tmp_path / "a", 4), write_checkpoint(tmp_path / "b", 4)
+    second.rename(tmp_path / "a" / "x")
+    moved = checkpoint_markers.set_aside(first)
+    assert moved == tmp_path / "a" / checkpoint_markers.DAMAGED / "checkpoint-4" and not first.exists()
+    assert sorted(p.name for p in moved.iterdir()) == ["adapter_model.safetensors", MARKER]
+    (tmp_path / "a" / "x").rename(first)
+    assert checkpoint_markers.set_aside(first).name == "checkpoint-4-2"  # the first is kept
+    assert checkpoint_markers.checkpoint_dirs(tmp_path / "a") == []

@@ -17,7 +17,9 @@ The contract around the marker (nbddp.runtime.trainer.training_checkpoints keeps
 - the marker is removed (`unmark`) before any file of its directory is rewritten, and written only once every
   rank has finished, so a marked directory never mixes two saves;
 - a fresh (not resumed) run first moves the checkpoint directories it finds aside (`move_aside`, into
-  `nbddp-previous-runs/<their run>/`), so that it never rewrites another run's checkpoint in place.
+  `nbddp-previous-runs/<their run>/`), so that it never rewrites another run's checkpoint in place;
+- a marked checkpoint that would not load (`damage`: a marker that is not ours or contradicts its directory, a
+  file empty or cut short) is never resumed from: a resume moves it into `nbddp-damaged/` (`set_aside`), whole.
 
 Standard library only: the runtime writes markers, the orchestration reads them to report the last complete one.
 """
@@ -27,11 +29,15 @@ import re
 import secrets
 import shutil
 import time
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 MARKER = "nbddp-complete.json"
 PREVIOUS_RUNS = "nbddp-previous-runs"  # where a fresh run moves the checkpoints it finds (`move_aside`)
+DAMAGED = "nbddp-damaged"  # where a resume moves the marked checkpoints that would not load (`set_aside`)
+# The files of tensors Trainer loads on resume, beside trainer_state.json: torch.save's, the weights (`damage`).
+_TENSOR_SUFFIXES = {".pt", ".pth", ".bin", ".safetensors"}
 _CHECKPOINT_NAME = re.compile(r"checkpoint-(\d+)")  # transformers.trainer_utils.PREFIX_CHECKPOINT_DIR + "-<step>"
 
 
@@ -56,28 +62,86 @@ def checkpoint_dirs(output_dir) -> list[Path]:
 
 
 def read_marker(directory) -> Checkpoint | None:
-    """The checkpoint in `directory` if it is complete, else None."""
+    """The checkpoint in `directory` if it is complete (its marker is the JSON we write), else None."""
     try:
-        with open(Path(directory) / MARKER, encoding="utf-8") as file:
-            marker = json.load(file)
+        with open(Path(directory) / MARKER, "rb") as file:
+            marker = json.loads(file.read().decode("utf-8"))
         step, world_size, completed_at = int(marker["step"]), int(marker["world_size"]), float(marker["completed_at"])
         global_batch, run = marker.get("global_batch"), marker.get("run")
         return Checkpoint(Path(directory), step, world_size, completed_at,
                           None if global_batch is None else int(global_batch), None if run is None else str(run))
-    except FileNotFoundError:
+    except OSError:  # no marker: a run stopped while writing the directory
         return None
-    except (ValueError, KeyError, TypeError):  # not the JSON we write (os.replace never leaves half a marker)
+    except (ValueError, KeyError, TypeError, AttributeError):  # not the JSON we write: see `damage`
         return None
+
+
+def damage(directory) -> str | None:
+    """Why the marked checkpoint in `directory` cannot be resumed from, or None when nothing is found wrong: a
+    marker that is not the JSON nbddp writes (os.replace never leaves half of one: the disk, or a hand, changed
+    it) or that contradicts the directory (its step, the RNG states of its processes), or a file Trainer loads
+    on resume that is empty or cut short. Only for directories that have a marker file."""
+    directory = Path(directory)
+    checkpoint = read_marker(directory)
+    if checkpoint is None:
+        return f"its marker {MARKER} is not the JSON nbddp writes"
+    named = _CHECKPOINT_NAME.fullmatch(directory.name)
+    if named and int(named[1]) != checkpoint.step:
+        return f"its marker {MARKER} says step {checkpoint.step}, the directory is {directory.name}"
+    states = len(list(directory.glob("rng_state_*.pth"))) or (1 if (directory / "rng_state.pth").exists() else 0)
+    if states and states != checkpoint.world_size:
+        return (f"its marker {MARKER} says {checkpoint.world_size} processes wrote it, the directory holds the RNG "
+                f"states of {states}")
+    return next(filter(None, map(_file_damage, sorted(directory.rglob("*")))), None)
+
+
+def _file_damage(path: Path) -> str | None:
+    """Why `path`, a file of a checkpoint, would not load: empty, a zip archive (torch.save's) or a safetensors
+    file cut short, a trainer_state.json that is not JSON; None for other files, and for these when whole."""
+    if path.name != "trainer_state.json" and path.suffix not in _TENSOR_SUFFIXES or not path.is_file():
+        return None
+    name, size = path.name, path.stat().st_size
+    if size == 0:
+        return f"{name} is empty (0 bytes)"
+    if path.suffix == ".json":
+        try:
+            json.loads(path.read_bytes().decode("utf-8"))
+        except ValueError as error:
+            return f"{name} is not valid JSON ({error})"
+        return None
+    with open(path, "rb") as file:
+        head = file.read(8)
+        if head.startswith(b"PK\x03\x04") and not zipfile.is_zipfile(file):
+            return f"{name} is cut short ({size} bytes: not a whole zip archive, as torch.save writes)"
+        if path.suffix == ".safetensors":
+            return _safetensors_damage(name, size, head, file)
+    return None
+
+
+def _safetensors_damage(name, size, head, file) -> str | None:
+    """Why a safetensors file (8 bytes of header length, the JSON header, the tensors' bytes) is not whole."""
+    length = int.from_bytes(head, "little") if len(head) == 8 else size
+    if 8 + length > size:
+        return f"{name} is cut short ({size} bytes, not a whole safetensors file)"
+    try:
+        header = json.loads(file.read(length).decode("utf-8"))
+        end = max((tensor["data_offsets"][1] for key, tensor in header.items() if key != "__metadata__"), default=0)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return f"{name} is not a safetensors file (its header is not the JSON one)"
+    if 8 + length + end > size:
+        return f"{name} is cut short ({size} bytes of the {8 + length + end} its header describes)"
+    return None
 
 
 def complete_checkpoints(output_dir) -> list[Checkpoint]:
-    """The complete checkpoints in `output_dir`, oldest first, in the order they were completed.
+    """The complete checkpoints in `output_dir` that are not damaged (`damage`), oldest first, in the order they
+    were completed.
 
     Completion time rather than step number: a run resumed from checkpoint-10 of a directory that also holds a
     checkpoint-50 (of an older nbddp's run, or copied in) writes checkpoint-20 after it, and that is the one to
     resume from next.
     """
-    found = [read_marker(path) for path in checkpoint_dirs(output_dir)]
+    found = [read_marker(path) for path in checkpoint_dirs(output_dir) if damage(path) is None]
     return sorted((checkpoint for checkpoint in found if checkpoint), key=lambda checkpoint: checkpoint.completed_at)
 
 
@@ -87,8 +151,29 @@ def latest_complete(output_dir) -> Checkpoint | None:
 
 
 def incomplete_dirs(output_dir) -> list[Path]:
-    """Checkpoint directories without a marker: a run stopped while writing them."""
-    return [path for path in checkpoint_dirs(output_dir) if read_marker(path) is None]
+    """Checkpoint directories without a marker file: a run stopped while writing them."""
+    return [path for path in checkpoint_dirs(output_dir) if not (path / MARKER).exists()]
+
+
+def damaged_dirs(output_dir) -> list[tuple[Path, str]]:
+    """(directory, what is wrong) for each checkpoint directory with a marker file that `damage` finds wrong."""
+    found = [(path, damage(path)) for path in checkpoint_dirs(output_dir) if (path / MARKER).exists()]
+    return [(path, why) for path, why in found if why]
+
+
+def set_aside(directory) -> Path:
+    """Move a damaged checkpoint directory, whole, to `<its folder>/nbddp-damaged/<its name>` (`-2`, `-3`... when
+    taken), where nothing resumes from or rotates it; returns where it went. Never deleted: its files may be
+    what the user can still recover."""
+    directory = Path(directory)
+    target, suffix = directory.parent / DAMAGED / directory.name, 1
+    while target.exists():
+        suffix += 1
+        target = target.with_name(f"{directory.name}-{suffix}")
+    target.parent.mkdir(exist_ok=True)
+    os.rename(directory, target)
+    _fsync(directory.parent)
+    return target
 
 
 def new_run_id() -> str:

@@ -40,18 +40,16 @@ def append(path, record: dict) -> None:
 
 def start(path, resumed_at: int = 0) -> None:
     """Empty the file at `path` (created, with its folder, when missing); when resuming from a checkpoint at step
-    `resumed_at` > 0, keep its lines (as they are) up to that step. Rewritten whole (temp file, os.replace): the old
-    lines are the only record of the steps before the checkpoint."""
+    `resumed_at` > 0, keep its records (their lines as they are) up to that step; lines that are no record (torn,
+    not UTF-8, not a JSON object) go. Rewritten whole (temp file, os.replace): the old lines are the only record
+    of the steps before the checkpoint."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     kept = []
     if resumed_at and path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a torn last line
-                continue
-            if record.get("step", resumed_at + 1) <= resumed_at:
+        for _, line, record in _lines(path):
+            step = record.get("step", resumed_at + 1) if isinstance(record, dict) else None
+            if _is_step_number(step) and step <= resumed_at:
                 kept.append(line + "\n")
     temp = path.with_name(f".{path.name}.tmp")
     temp.write_text("".join(kept), encoding="utf-8")
@@ -59,20 +57,40 @@ def start(path, resumed_at: int = 0) -> None:
 
 
 def read(path, strict: bool = True) -> list[dict]:
-    """The records of the file at `path`, in file order, blank lines left out. A line that is not JSON is an
-    error naming the file and line; with `strict` False it is left out (a torn last line, or a file read while
-    rank 0 writes it)."""
+    """The records of the file at `path`, in file order, blank lines left out. A line that is no record (not
+    UTF-8, not JSON, not a JSON object) is an error naming the file and line; with `strict` False it is left out
+    (a torn last line, a file read while rank 0 writes it, or bytes something else wrote)."""
     records = []
-    with open(path, encoding="utf-8") as stream:
-        for number, line in enumerate(stream, start=1):
+    for number, line, record in _lines(path):
+        if isinstance(record, dict):
+            records.append(record)
+        elif strict:
+            raise NbddpError(f"{path}, line {number}: not a JSON line ({record}): {line[:60]!r}")
+    return records
+
+
+def _lines(path):
+    """(line number, the line's text, its record or why it is none) for each line of the file at `path` that is not
+    blank; a line that is not UTF-8 is given with its bad bytes replaced."""
+    with open(path, "rb") as stream:
+        for number, raw in enumerate(stream, start=1):
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                yield number, raw.decode("utf-8", errors="replace").rstrip("\r\n"), f"not UTF-8 text: {error.reason}"
+                continue
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError as error:
-                if strict:
-                    raise NbddpError(f"{path}, line {number}: not a JSON line ({error.msg})") from None
-    return records
+                yield number, line, error.msg
+                continue
+            yield number, line, record if isinstance(record, dict) else "not a JSON object"
+
+
+def _is_step_number(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def steps(records) -> list[dict]:
@@ -86,10 +104,10 @@ def events(records, name: str) -> list[dict]:
 
 
 def last_step(path) -> int | None:
-    """The step of the last step record of the file at `path`; None when there is none or no file."""
+    """The step of the last step record of the file at `path`; None when there is none, or no file to read."""
     try:
         records = read(path, strict=False)
-    except FileNotFoundError:
+    except OSError:  # no file, or output_dir is no folder
         return None
-    logged = [record["step"] for record in steps(records) if "step" in record]
+    logged = [record["step"] for record in steps(records) if _is_step_number(record.get("step"))]
     return logged[-1] if logged else None

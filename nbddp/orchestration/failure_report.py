@@ -32,7 +32,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nbddp.formats.checkpoint_markers import latest_complete
+from nbddp.formats.checkpoint_markers import DAMAGED, damaged_dirs, latest_complete
 from nbddp.errors import NotebookError
 from nbddp.formats import metrics
 from nbddp.orchestration import notebook_run, parameters
@@ -296,7 +296,10 @@ def find_output_dir(script, script_args):
 
 
 def progress_lines(output_dir):
-    """How far training got: the last step metrics.jsonl logged, and the last complete checkpoint."""
+    """How far training got: the last step metrics.jsonl logged, and the last complete checkpoint; or that
+    output_dir is no folder (the workers said so), so that there is neither."""
+    if output_dir.exists() and not output_dir.is_dir():
+        return [f"  output_dir {output_dir}: not a folder, so no steps were logged and no checkpoint written there"]
     path = output_dir / metrics.METRICS_FILE
     step = metrics.last_step(path)
     lines = [f"  last logged step: {step} ({path})" if step is not None else f"  last logged step: none in {path}"]
@@ -304,9 +307,12 @@ def progress_lines(output_dir):
 
 
 def resume_hint(output_dir):
-    """Where a rerun goes on from: the last complete checkpoint in `output_dir`, and the flag that resumes from it."""
+    """Where a rerun goes on from: the last complete checkpoint in `output_dir`, and the flag that resumes from it;
+    before it, the damaged checkpoints that a resume sets aside (never the one proposed)."""
+    damaged = "".join(f"{path} would not load ({why}), and --resume true moves it to {DAMAGED}/; "
+                      for path, why in damaged_dirs(output_dir))
     checkpoint = latest_complete(output_dir)
     if checkpoint is None:
-        return f"last complete checkpoint: none in {output_dir}"
-    return f"last complete checkpoint: {checkpoint.path} (step {checkpoint.step}); rerun with --resume true to " \
-           "continue from it"
+        return f"{damaged}last complete checkpoint: none in {output_dir}"
+    return f"{damaged}last complete checkpoint: {checkpoint.path} (step {checkpoint.step}); rerun with --resume " \
+           "true to continue from it"

@@ -62,3 +62,28 @@ def test_resuming_keeps_the_lines_up_to_the_step_as_they_were(tmp_path):
     metrics.start(path, resumed_at=5)
     assert path.read_text().splitlines() == ['{"step":4,  "loss": 2.9}', json.dumps(EVAL), '{"step": 5, "loss": 2.8}']
     assert [p.name for p in tmp_path.iterdir()] == [metrics.METRICS_FILE]  # no temp file left behind
+
+
+def test_lines_that_are_no_record_are_named_or_left_out_never_a_crash(tmp_path):
+    path = tmp_path / metrics.METRICS_FILE
+    path.write_bytes(json.dumps(STEP).encode() + b"\n\xff\xfe torn\n[1, 2, 3]\n" + json.dumps(EVAL).encode() + b"\n")
+    with pytest.raises(NbddpError, match=r"metrics.jsonl, line 2: not a JSON line \(not UTF-8 text: invalid start "):
+        metrics.read(path)
+    path.write_bytes(json.dumps(STEP).encode() + b"\n[1, 2, 3]\n")
+    with pytest.raises(NbddpError, match=r"line 2: not a JSON line \(not a JSON object\): '\[1, 2, 3\]'"):
+        metrics.read(path)
+    path.write_bytes(json.dumps(STEP).encode() + b"\n\xff\xfe torn\n[1, 2, 3]\n5\n" + json.dumps(EVAL).encode())
+    assert metrics.read(path, strict=False) == [STEP, EVAL]
+    assert metrics.last_step(path) == 1
+
+
+def test_resuming_drops_lines_that_are_no_record(tmp_path):
+    path = tmp_path / metrics.METRICS_FILE
+    path.write_bytes(b'{"step": 1, "loss": 2.0}\n\xff\xfe\n[1]\n{"step": "2"}\n{"step": 2, "loss": 1.9}\n')
+    metrics.start(path, resumed_at=2)
+    assert path.read_text().splitlines() == ['{"step": 1, "loss": 2.0}', '{"step": 2, "loss": 1.9}']
+
+
+def test_no_last_step_where_output_dir_is_a_file(tmp_path):
+    (tmp_path / "file").write_text("")
+    assert metrics.last_step(tmp_path / "file" / metrics.METRICS_FILE) is None

@@ -122,6 +122,29 @@ def test_progress_when_nothing_was_written_yet(tmp_path):
     ]
 
 
+def test_progress_survives_any_bytes_and_names_a_damaged_checkpoint(tmp_path):
+    output_dir = tmp_path / "outputs"
+    for step in (2, 4):
+        (output_dir / f"checkpoint-{step}").mkdir(parents=True)
+        checkpoint_markers.mark_complete(output_dir / f"checkpoint-{step}", step, world_size=2)
+    (output_dir / "checkpoint-4" / "optimizer.pt").write_bytes(b"")  # marked, yet it would not load
+    (output_dir / "metrics.jsonl").write_bytes(b'{"step": 3, "loss": 1.0}\n\xff\xfe\n[1, 2]\n{"step": "x"}\n7\n')
+    assert failure_report.progress_lines(output_dir) == [
+        f"  last logged step: 3 ({output_dir / 'metrics.jsonl'})",
+        f"  {output_dir / 'checkpoint-4'} would not load (optimizer.pt is empty (0 bytes)), and --resume true moves it "
+        f"to nbddp-damaged/; last complete checkpoint: {output_dir / 'checkpoint-2'} (step 2); rerun with --resume "
+        "true to continue from it",
+    ]
+
+
+def test_progress_when_output_dir_is_a_file_or_below_one(tmp_path):
+    (tmp_path / "file").write_text("the user's")
+    assert failure_report.progress_lines(tmp_path / "file") == [
+        f"  output_dir {tmp_path / 'file'}: not a folder, so no steps were logged and no checkpoint written there"]
+    assert failure_report.progress_lines(tmp_path / "file" / "out")[0].startswith("  last logged step: none in ")
+    assert (tmp_path / "file").read_text() == "the user's"
+
+
 def test_output_dir_from_the_flags_else_the_scripts_default(tmp_path):
     script = tmp_path / "train.py"
     script.write_text('# %% tags=["parameters"]\noutput_dir = "outputs"\nmax_steps = 3\n\n# %%\nprint(max_steps)\n')

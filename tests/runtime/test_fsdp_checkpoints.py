@@ -5,6 +5,8 @@ save_fsdp_model and save_fsdp_optimizer): with the full state dict that nbddp's 
 `pytorch_model_fsdp.bin` and `optimizer.bin`; with a sharded state dict (a notebook's own fsdp_config), every rank
 writes its part of `pytorch_model_fsdp_0/` and `optimizer_0/` (torch.distributed.checkpoint). accelerate runs FSDP
 only on GPUs, so here the folders are laid out as Trainer writes them (bench/fsdp_gpu.sh resumes a real one)."""
+from pathlib import Path
+
 import pytest
 
 from nbddp.formats import checkpoint_markers
@@ -18,11 +20,15 @@ SHARDED = ["pytorch_model_fsdp_0/.metadata", "pytorch_model_fsdp_0/__0_0.distcp"
            "optimizer_0/.metadata", "optimizer_0/__0_0.distcp", "optimizer_0/__1_0.distcp"]
 
 
+# whole files of the formats a resume checks (checkpoint_markers.damage): an empty JSON object, a safetensors file
+WHOLE = {".json": b"{}", ".safetensors": (2).to_bytes(8, "little") + b"{}"}
+
+
 def lay_out(folder, step, files):
     checkpoint = folder / f"checkpoint-{step}"
     for name in files:
         (checkpoint / name).parent.mkdir(parents=True, exist_ok=True)
-        (checkpoint / name).write_bytes(b"state")
+        (checkpoint / name).write_bytes(WHOLE.get(Path(name).suffix, b"state"))
     return checkpoint
 
 

@@ -28,6 +28,16 @@ def test_an_existing_file_is_no_output_dir(tmp_path):
         check_output_dir(tmp_path / "out" / "train")
 
 
+def test_a_dangling_symbolic_link_is_no_output_dir(tmp_path):
+    (tmp_path / "out").symlink_to(tmp_path / "gone")
+    message = f"{tmp_path / 'out'} is a symbolic link to {tmp_path / 'gone'}, which does not exist; create"
+    for output_dir in (tmp_path / "out", tmp_path / "out" / "train"):
+        with pytest.raises(UsageError, match=f"^output_dir '{output_dir}': {message}"):
+            check_output_dir(output_dir)
+    (tmp_path / "gone").mkdir()
+    check_output_dir(tmp_path / "out" / "train")  # a link to a folder is a folder
+
+
 def _writable(folder):
     try:
         with tempfile.TemporaryFile(dir=folder):

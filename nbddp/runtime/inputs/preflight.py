@@ -25,6 +25,11 @@ def check_output_dir(output_dir, name="output_dir") -> None:
     """
     where = f"{name} {str(output_dir)!r}"
     path = Path(output_dir).expanduser().absolute()
+    dangling = next((folder for folder in (path, *path.parents) if folder.is_symlink() and not folder.exists()), None)
+    if dangling is not None:  # exists() says no, yet no folder can be made there (FileExistsError)
+        target = os.readlink(dangling)
+        raise UsageError(f"{where}: {dangling} is a symbolic link to {target}, which does not exist; create "
+                         f"{target} or choose another output_dir")
     existing = next(folder for folder in (path, *path.parents) if folder.exists())
     if not existing.is_dir():
         what = "exists and is not a directory" if existing == path else f"{existing} is a file, not a directory"

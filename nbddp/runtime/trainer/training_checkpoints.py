@@ -101,7 +101,8 @@ def checkpoint_folder(trainer) -> str:
 def resume_point(trainer, why: str, world_size: int) -> str | None:
     """The newest complete checkpoint in `trainer`'s folder, to resume from, or None: training starts over.
 
-    Rank 0 first deletes the checkpoint directories a stopped run left half-written, then chooses and says which
+    Rank 0 first deletes the checkpoint directories a stopped run left half-written and sets the damaged ones
+    aside (`checkpoint_markers.set_aside`), then chooses and says which
     (`why`: what asked for resuming); every rank gets rank 0's choice, so all of them load the same checkpoint. A
     checkpoint trained with another global batch (another --batch_layout or process count under per-device) is
     refused, on every rank (UsageError). `world_size`: this run's processes, for the warning about a checkpoint
@@ -113,6 +114,9 @@ def resume_point(trainer, why: str, world_size: int) -> str | None:
         for path in checkpoint_markers.incomplete_dirs(folder):
             log.info(f"nbddp: removing {path}: incomplete (the run stopped while writing it)")
             checkpoint_markers.remove(path)
+        for path, damage in checkpoint_markers.damaged_dirs(folder):
+            log.warning(f"nbddp: warning: {path} would not load ({damage}): moved it to "
+                        f"{checkpoint_markers.set_aside(path)}, whole, and looking for an earlier checkpoint")
         chosen = checkpoint_markers.latest_complete(folder)
         decision = [str(chosen.path) if chosen else None, _changed_batch(chosen, batch_plan.of(trainer.args), why)]
         if decision[1] is None:
