@@ -19,6 +19,7 @@ Standard library only, so every room reads the same cell.
 """
 import ast
 import io
+import math
 import re
 import tokenize
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ SCRIPT_CELL_MARKER = '# %% tags=["parameters"]'  # a generated script's paramete
 NOTEBOOK_LINE = re.compile(rf"# (\d\d_.*\.ipynb|{NBDDP_NOTEBOOK})")  # a stage is NN_name.ipynb
 DTYPE = "dtype"  # Unsloth's parameter for the model's weights: None (auto detection) or a dtype name
 DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
+MAX_STEPS = "max_steps"  # the Trainer's: optimizer steps from 1, or -1 to train for num_train_epochs
 TRUE_WORDS = ("true", "1", "yes")
 FALSE_WORDS = ("false", "0", "no")
 
@@ -98,7 +100,7 @@ def read_script(path) -> list[Parameter]:
 
 
 def typed(name: str, default, text: str):
-    """The value of flag `name` given as `text`, typed like its `default`:
+    """The value of flag `name` given as `text`, typed like its `default` and `checked`:
     a bool default takes one of TRUE_WORDS or FALSE_WORDS (any case); int and float `int(text)` and `float(text)`;
     `dtype` with a None or DTYPES default takes None or one of DTYPES; any other str the text itself; None a Python
     literal, else the text itself; a list, tuple or dict a Python literal of that type. Nothing is evaluated.
@@ -116,9 +118,10 @@ def typed(name: str, default, text: str):
         raise ValueError(f"expected one of {', '.join(TRUE_WORDS + FALSE_WORDS)}, got {text!r}")
     if isinstance(default, (int, float)):
         try:
-            return type(default)(text)
+            value = type(default)(text)
         except ValueError:
             raise ValueError(f"invalid {type(default).__name__} value: {text!r}") from None  # argparse's words
+        return checked(name, value, text)
     if isinstance(default, str):
         return text
     try:
@@ -129,6 +132,19 @@ def typed(name: str, default, text: str):
         raise ValueError(f"expected a Python {type(default).__name__} literal, got {text!r}") from None
     if default is not None and not isinstance(value, type(default)):
         raise ValueError(f"expected a {type(default).__name__}, got {type(value).__name__} {text!r}")
+    return value
+
+
+def checked(name: str, value, text: str | None = None):
+    """`value` for parameter `name` unless the training arguments it feeds would refuse it or train on nonsense:
+    a float that is not finite (`1e400` is inf; nan), a `max_steps` below 1 other than -1 (the Trainer's "train
+    for num_train_epochs", which a smoke run caps). Raises ValueError saying what it expected, quoting `text` (what
+    was typed) when given."""
+    shown = repr(text) if text is not None and text.strip() != str(value) else str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"expected a finite number, not {shown}" + (f" ({value})" if shown != str(value) else ""))
+    if name == MAX_STEPS and isinstance(value, int) and not isinstance(value, bool) and value < 1 and value != -1:
+        raise ValueError(f"expected 1 or more optimizer steps, or -1 to train for num_train_epochs, not {shown}")
     return value
 
 

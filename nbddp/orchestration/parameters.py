@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from nbddp.errors import NbddpError, NotebookError, UsageError
-from nbddp.formats.parameters import ParametersCellError, read_cell, typed
+from nbddp.formats.parameters import ParametersCellError, checked, read_cell, typed
 from nbddp.formats.script_parameters import (  # nbddp's own, in every script
     BATCH_LAYOUT, NBDDP_PARAMETERS, STRATEGIES, STRATEGY, WORKDIR)
 from nbddp.orchestration import environment
@@ -115,18 +115,22 @@ def parse_flag(name, text, default):
 
 
 def check_type(name, value, default, where):
-    """`value` (already typed, e.g. by YAML) checked against the default's type; ints widen to float."""
+    """`value` (already typed, e.g. by YAML) checked against the default's type (ints widen to float) and by the
+    rules the script's flags apply (formats.parameters.checked)."""
     if default is None:
         return value
     if isinstance(default, bool) or isinstance(value, bool):
         matches = isinstance(default, bool) and isinstance(value, bool)
     elif isinstance(default, float) and isinstance(value, int):
-        return float(value)
+        value, matches = float(value), True
     else:
         matches = isinstance(value, type(default))
     if not matches:
         raise UsageError(f"{where}: expected {type(default).__name__} like the default {default!r}, got {value!r}")
-    return value
+    try:
+        return checked(name, value)
+    except ValueError as error:
+        raise UsageError(f"{where}: {error}") from None
 
 
 def as_script_flags(overrides):

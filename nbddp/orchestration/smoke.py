@@ -1,7 +1,8 @@
 """`pipeline.py smoke`: run the generated script once, as a notebook, for a few steps on one device.
 
-A few steps: the `max_steps` parameter set to 3, or, for a script without one (a notebook not written for
-nbddp), NBDDP_MAX_STEPS=3 in the kernel's environment, which caps its training arguments (run-overrides);
+A few steps: the `max_steps` parameter set to 3 (or the user's `-p max_steps N`), and NBDDP_MAX_STEPS, the same
+number, in the kernel's environment, which caps every training arguments the notebook builds (run-overrides), so a
+smoke run stays short whatever `-p max_steps -1`, a script without that parameter or the notebook's epochs say;
 likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point training at the run folder.
 `--set NAME=VALUE` overrides of the training arguments reach the kernel as NBDDP_SET (training_overrides), and
 `--batch-layout` as the script's `batch_layout` parameter.
@@ -78,9 +79,14 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     run_dir.mkdir(parents=True, exist_ok=True)
     injected = parameters.with_absolute_paths(script, defaults, smoke_parameters(defaults, user, run_dir))
     files.write_json(run_dir / "params.json", injected)
-    env = smoke_environment(defaults, run_dir) | (extra_env or {})
+    steps = smoke_steps(injected)
+    env = smoke_environment(defaults, run_dir, steps=steps) | (extra_env or {})
     in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())
     log.logger.info(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}")
+    if injected.get("max_steps") != steps and env.get("NBDDP_MAX_STEPS") == str(steps):
+        log.logger.info(f"smoke: training stops after {steps} steps, whatever max_steps "
+                        f"({injected.get('max_steps', 'not a parameter')}) or the notebook's epochs say: a smoke run "
+                        "is short; the training run takes them")
     # the runtime's smoke_sandbox: what the notebook saves lands in run_dir, and nothing is pushed; what it does
     # not redirect is named afterwards, failed or not
     project = parameters.project_folder(injected)
@@ -104,14 +110,20 @@ def smoke_parameters(defaults, user, run_dir):
     return injected | user
 
 
-def smoke_environment(defaults, run_dir, environ=os.environ):
-    """For a script without `max_steps` or `output_dir` parameters (a notebook not written for nbddp), what the
-    parameters would have set, through the environment (unless the user set it): NBDDP_MAX_STEPS, which
-    `ddp.max_steps` applies to its training arguments, so the smoke run takes the smoke steps instead of the
-    notebook's whole training; NBDDP_OUTPUT_DIR, which `ddp.output_dir` applies, so its checkpoints land here."""
-    env = {}
-    if "max_steps" not in defaults and "NBDDP_MAX_STEPS" not in environ:
-        env["NBDDP_MAX_STEPS"] = str(SMOKE_DEFAULTS["max_steps"])
+def smoke_steps(injected):
+    """The steps a smoke run trains: its `max_steps` parameter when that is 1 or more, else (-1, the notebook's
+    epochs; a script without the parameter) SMOKE_DEFAULTS'."""
+    steps = injected.get("max_steps")
+    short = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1
+    return steps if short else SMOKE_DEFAULTS["max_steps"]
+
+
+def smoke_environment(defaults, run_dir, environ=os.environ, steps=SMOKE_DEFAULTS["max_steps"]):
+    """What the kernel's environment adds, unless the user set it: NBDDP_MAX_STEPS=`steps`, which `ddp.max_steps`
+    applies to every training arguments the notebook builds, so the smoke run takes the smoke steps instead of the
+    notebook's whole training (its epochs, a `max_steps` that is no parameter); for a script without an
+    `output_dir` parameter, NBDDP_OUTPUT_DIR, which `ddp.output_dir` applies, so its checkpoints land here."""
+    env = {} if "NBDDP_MAX_STEPS" in environ else {"NBDDP_MAX_STEPS": str(steps)}
     return env | output_dir_environment(defaults, run_dir, environ)
 
 

@@ -141,8 +141,8 @@ class DistributedContext:
 
     def max_steps(self, steps):
         """`max_steps` for training arguments: the notebook's `steps` (-1: train by epochs), or at most
-        NBDDP_MAX_STEPS when that is set. `pipeline.py smoke` sets it for a script without a `max_steps`
-        parameter, so that a smoke run takes a few steps rather than the notebook's whole training."""
+        NBDDP_MAX_STEPS when that is set. `pipeline.py smoke` sets it to its few steps, so that a smoke run takes
+        them rather than the notebook's whole training (its epochs; a `max_steps` that is no parameter)."""
         text = os.environ.get("NBDDP_MAX_STEPS")
         if not text:
             return steps
@@ -172,6 +172,8 @@ class DistributedContext:
             from nbddp.runtime.inputs import training_overrides
 
             kwargs, notes = training_overrides.apply(config_class, kwargs, training_overrides.from_environment())
+            if "max_steps" in kwargs and os.environ.get("NBDDP_MAX_STEPS"):  # caps `--set max_steps=N` too
+                kwargs["max_steps"] = self.max_steps(kwargs["max_steps"])
             kwargs = smoke_sandbox.training_kwargs(config_class.__name__, kwargs)  # a smoke run pushes nothing
             if not self.on_gpu:  # TRL's configs turn bf16 on when it is not given, which a CPU cannot run
                 kwargs.setdefault("bf16", False)

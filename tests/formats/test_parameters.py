@@ -102,6 +102,12 @@ TYPING = [
     ("extra", {"a": 1}, "{'b': [1]}", {"b": [1]}),
     ("extra", {"a": 1}, "{b: 2}", "expected a Python dict literal, got '{b: 2}'"),
     ("shape", (1, 2), "(3, 4)", (3, 4)),
+    # what the training arguments would refuse or train on as nonsense (issues 41 and 43)
+    ("max_steps", 300, "-1", -1),  # the Trainer's "train for num_train_epochs"
+    ("max_steps", 300, "-5", "expected 1 or more optimizer steps, or -1 to train for num_train_epochs, not -5"),
+    ("max_steps", 300, "0", "expected 1 or more optimizer steps, or -1 to train for num_train_epochs, not 0"),
+    ("learning_rate", 2e-3, "1e400", "expected a finite number, not '1e400' (inf)"),
+    ("learning_rate", 2e-3, "nan", "expected a finite number, not nan"),
 ]
 
 

@@ -102,6 +102,20 @@ def test_a_wrongly_typed_file_value_names_the_file_and_parameter(defaults, tmp_p
         parameters.resolve(defaults, parameters.load_parameter_file(path), file_label=f"-f {path}")
 
 
+@pytest.mark.parametrize("text, message", [
+    ("max_steps: 0\n", "max_steps: expected 1 or more optimizer steps, or -1 to train for num_train_epochs, not 0"),
+    ("lr: .nan\n", "lr: expected a finite number, not nan"),
+    ("lr: -.inf\n", "lr: expected a finite number, not -inf"),
+])
+def test_a_file_value_the_training_arguments_would_refuse_is_refused(tmp_path, text, message):
+    path = tmp_path / "params.yaml"
+    path.write_text(text)
+    with pytest.raises(UsageError) as error:
+        parameters.resolve({"max_steps": 300, "lr": 2e-3}, parameters.load_parameter_file(path),
+                           file_label=f"-f {path}")
+    assert str(error.value) == f"-f {path}: {message}"
+
+
 def test_a_parameter_file_must_be_a_mapping(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text("- rows\n")

@@ -8,7 +8,7 @@ import pytest
 
 from nbddp.errors import UsageError
 from nbddp.orchestration.notebook_run import NotebookRunFailed
-from nbddp.orchestration.smoke import smoke, smoke_environment
+from nbddp.orchestration.smoke import smoke, smoke_environment, smoke_steps
 
 from .conftest import metric_lines, needs_generated_script
 
@@ -95,12 +95,44 @@ def test_what_the_notebook_saves_lands_in_the_smoke_folder_and_what_else_it_chan
             "will do it again.") in capsys.readouterr().err
 
 
-def test_the_environment_is_left_to_the_scripts_parameters_or_the_users_own_setting():
+def test_the_environment_caps_the_steps_and_leaves_output_dir_to_the_scripts_parameter_or_the_users_setting():
     run_dir = Path("runs/x-smoke")
     assert smoke_environment({"backend": "auto"}, run_dir, environ={}) == {
         "NBDDP_MAX_STEPS": "3", "NBDDP_OUTPUT_DIR": "runs/x-smoke"}
-    assert smoke_environment({"max_steps": 60, "output_dir": "out"}, run_dir, environ={}) == {}
+    # the cap holds with a max_steps parameter too: the notebook may train by epochs whatever it says
+    assert smoke_environment({"max_steps": 60, "output_dir": "out"}, run_dir, environ={}, steps=5) == {
+        "NBDDP_MAX_STEPS": "5"}
     assert smoke_environment({}, run_dir, environ={"NBDDP_MAX_STEPS": "10", "NBDDP_OUTPUT_DIR": "mine"}) == {}
+
+
+@pytest.mark.parametrize("injected, steps", [({"max_steps": 3}, 3), ({"max_steps": 7}, 7), ({"max_steps": -1}, 3),
+                                             ({}, 3)])
+def test_a_smoke_run_trains_its_max_steps_when_that_is_a_count_else_three(injected, steps):
+    assert smoke_steps(injected) == steps
+
+
+def test_a_smoke_run_by_epochs_is_capped_and_says_so(workdir, capsys):
+    (workdir / "by_epochs.py").write_text(textwrap.dedent("""\
+        # %% tags=["parameters"]
+        max_steps = 300
+
+        # %%
+        from nbddp.runtime.context import DistributedContext
+        print("steps:", DistributedContext().max_steps(max_steps))
+        """))
+    result = smoke("by_epochs.py", flags=[("max_steps", "-1")], device="cpu", timeout=60)
+    captured = capsys.readouterr()
+    assert ("smoke: training stops after 3 steps, whatever max_steps (-1) or the notebook's epochs say: a smoke run "
+            "is short; the training run takes them\n") in captured.out
+    outputs = [output for cell in nbformat.read(result.executed, as_version=4).cells for output in cell.get("outputs", [])]
+    assert "steps: 3\n" in [output.get("text") for output in outputs]
+
+
+def test_a_smoke_run_refuses_max_steps_below_one_before_it_starts(workdir):
+    with pytest.raises(UsageError, match="-p max_steps: expected 1 or more optimizer steps, or -1 to train for "
+                                         "num_train_epochs, not -5"):
+        smoke("train_fixture.py", flags=[("max_steps", "-5")], device="cpu")
+    assert not (workdir / "runs").exists()
 
 
 def test_a_failing_cell_is_reported_at_its_source_notebook_line(workdir):

@@ -246,6 +246,17 @@ def test_a_capped_run_says_so_once_per_call_on_the_main_process(monkeypatch, cap
                                        "epochs)\n")
 
 
+def test_the_cap_holds_for_a_max_steps_given_with_set(monkeypatch):
+    from transformers import TrainingArguments
+
+    monkeypatch.setenv("NBDDP_MAX_STEPS", "3")  # a smoke run's: `run --set max_steps=500` trains 500 after it
+    monkeypatch.setenv("NBDDP_SET", "max_steps=500")
+    ddp = DistributedContext()
+    config = ddp.training_args(TrainingArguments)(output_dir="out", use_cpu=True, report_to="none",
+                                                  max_steps=ddp.max_steps(60))
+    assert config.max_steps == 3
+
+
 @pytest.mark.parametrize("cap", ["0", "three", "-2"])
 def test_a_bad_cap_is_a_usage_error(monkeypatch, single_process, cap):
     monkeypatch.setenv("NBDDP_MAX_STEPS", cap)
