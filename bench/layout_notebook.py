@@ -41,6 +41,7 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import math
 import os
 import random
 import re
@@ -69,6 +70,7 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 DATA_ROWS = 1024
+HEAVY_ROWS = 2000  # rows of alpaca-cleaned-shaped data (LAYOUT_LENGTHS=heavy)
 LOG_GZ_LIMIT = 1 << 20  # bytes of a trial's gzipped console that come back (a device call returns < 16 MiB)
 SEED = 3407
 # Llama-3 chat tokens (special) and role words (plain) the llama-3.1 template writes; train_on_responses_only
@@ -165,14 +167,14 @@ def unsloth_names(model_id, load_in_4bit):
 # Stand-ins
 
 
-def chat_tokenizer(out_dir, max_length):
-    """The tiny tokenizer with the Llama-3 chat tokens and role words added (ids from 120 up)."""
+def chat_tokenizer(out_dir, max_length, base_dir=TINY_MODEL):
+    """The tokenizer in `base_dir` (the tiny one: ids from 120 up) with the Llama-3 chat tokens and role words added."""
     from transformers import AutoTokenizer
 
     out_dir = Path(out_dir)
     if (out_dir / "tokenizer.json").exists():
         return out_dir
-    tokenizer = AutoTokenizer.from_pretrained(str(TINY_MODEL))
+    tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
     tokenizer.add_special_tokens({"additional_special_tokens": list(CHAT_SPECIAL)})
     tokenizer.add_tokens(list(CHAT_WORDS))
     tokenizer.model_max_length = max_length
@@ -185,6 +187,44 @@ def chat_tokenizer(out_dir, max_length):
     for key in ("is_local", "local_files_only"):  # where it was loaded from: not the stand-in's business
         config.pop(key, None)
     config_path.write_text(json.dumps(config, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(partial, out_dir)
+    return out_dir
+
+
+def syllable_words(count, seed=SEED):
+    """`count` distinct made-up lowercase words of two to four syllables, seeded."""
+    consonants, vowels = "bcdfghjklmnprstvwz", "aeiou"
+    syllables = [c + v for c in consonants for v in vowels]
+    rng = random.Random(seed)
+    words = set()
+    while len(words) < count:
+        words.add("".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))))
+    return sorted(words)
+
+
+def large_tokenizer(out_dir, size, base_dir=TINY_MODEL):
+    """The tiny word-level tokenizer grown to `size` entries with made-up words (each one token with and without a
+    leading space, so bench.make_data.vocabulary_words finds them), as large as a real model's tokenizer (32,000 and
+    more): the rows then spread over as many embedding rows as real text does."""
+    out_dir = Path(out_dir)
+    if (out_dir / "tokenizer.json").exists():
+        return out_dir
+    tokenizer = json.loads((Path(base_dir) / "tokenizer.json").read_text())
+    vocab = tokenizer["model"]["vocab"]
+    fresh = [w for w in syllable_words(size) if w not in vocab and " " + w not in vocab]
+    for word in fresh:
+        if len(vocab) + 2 > size:
+            break
+        vocab[word] = len(vocab)
+        vocab[" " + word] = len(vocab)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    (partial / "tokenizer.json").write_text(json.dumps(tokenizer))
+    for name in TOKENIZER_FILES[1:]:
+        if (Path(base_dir) / name).exists():
+            shutil.copyfile(Path(base_dir) / name, partial / name)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(partial, out_dir)
     return out_dir
@@ -209,6 +249,26 @@ def place_standin(model_dir, dest, tokenizer_dir=None):
 def target_lengths(count, low, high, seed):
     rng = random.Random(seed)
     return [rng.randint(low, high) for _ in range(count)]
+
+
+# Tokens per row of yahma/alpaca-cleaned under the Llama-3.1 tokenizer, formatted as the notebook does (p10/p50/p90
+# 69/163/354, max 955): a lognormal with that median and p90, cut at that max and at the shortest row a template
+# leaves room for.
+HEAVY_MEDIAN, HEAVY_P90, HEAVY_MAX = 163, 354, 955
+
+
+def heavy_tail_lengths(count, low, seed):
+    """`count` row lengths drawn from alpaca-cleaned's distribution (above), none under `low`."""
+    rng = random.Random(seed)
+    sigma = math.log(HEAVY_P90 / HEAVY_MEDIAN) / 1.2816  # the 90th percentile of a standard normal
+    return [min(HEAVY_MAX, max(low, round(rng.lognormvariate(math.log(HEAVY_MEDIAN), sigma)))) for _ in range(count)]
+
+
+def quantiles(values):
+    ordered = sorted(values)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    return {"p10": pick(0.1), "p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1], "min": ordered[0],
+            "mean": sum(ordered) / len(ordered)}
 
 
 def _words(tokenizer):
@@ -257,14 +317,17 @@ def sharegpt_row(words, target, rng):
     return {"conversations": turns, "source": "nbddp-bench-standin", "score": 5.0}
 
 
-def write_dataset(dest, kind, tokenizer_json, prompt, eos, low, high, rows=DATA_ROWS, seed=SEED):
-    """`dest/train.jsonl`; returns what it holds (row count, target token lengths)."""
+def write_dataset(dest, kind, tokenizer_json, prompt, eos, low, high, rows=DATA_ROWS, seed=SEED, heavy=False):
+    """`dest/train.jsonl`; returns what it holds (row count, target token lengths: uniform on low..high, or
+    alpaca-cleaned's heavy tail from `low` up)."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     words, starts = _words(tokenizer)
     rng = random.Random(seed)
-    lengths = target_lengths(rows, low, high, seed)
+    if heavy:  # the shortest row the template leaves room for (ShareGPT: two exchanges of the longest questions)
+        low = max(low, len(tokenizer.encode(prompt.format("", "", "") + eos).ids) + 12 if kind == "alpaca" else 180)
+    lengths = heavy_tail_lengths(rows, low, seed) if heavy else target_lengths(rows, low, high, seed)
     dest = Path(dest)
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -276,9 +339,9 @@ def write_dataset(dest, kind, tokenizer_json, prompt, eos, low, high, rows=DATA_
                 row = sharegpt_row(words, target, rng)
             out.write(json.dumps(row) + "\n")
     return {"kind": kind, "rows": rows, "seed": seed, "exact_lengths": kind == "alpaca",
-            "target_tokens": {"low": low, "high": high, "distribution": "uniform integers",
-                              "min": min(lengths), "median": statistics.median(lengths), "max": max(lengths),
-                              "mean": sum(lengths) / len(lengths)}}
+            "target_tokens": {"low": low, "high": HEAVY_MAX if heavy else high,
+                              "distribution": "alpaca-cleaned's heavy tail" if heavy else "uniform integers",
+                              "median": statistics.median(lengths), **quantiles(lengths)}}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -379,10 +442,12 @@ def prepare_part(name, part, work):
     model_dir, facts["materialize_s"] = materialize_model(part.shape, work)
     facts["model_dir"] = str(model_dir)
     config = json.loads((model_dir / "config.json").read_text())
-    tokenizer_dir = None
+    vocab = int(os.environ.get("LAYOUT_VOCAB", "0" if tiny_mode() else "32000"))  # 0: the tiny tokenizer's 120
+    tokenizer_dir = large_tokenizer(Path(work) / "tokenizers" / f"wordlevel-{vocab}", vocab) if vocab else None
     if part.chat_tokens:
-        tokenizer_dir = chat_tokenizer(Path(work) / "tokenizers" / f"llama3-chat-{config['max_position_embeddings']}",
-                                       config["max_position_embeddings"])
+        tokenizer_dir = chat_tokenizer(
+            Path(work) / "tokenizers" / f"llama3-chat-{vocab}-{config['max_position_embeddings']}",
+            config["max_position_embeddings"], base_dir=tokenizer_dir or TINY_MODEL)
     facts["standin_names"] = unsloth_names(facts["model_id"], facts["load_in_4bit"])
     for standin in facts["standin_names"]:
         place_standin(model_dir, part_dir / standin, tokenizer_dir)
@@ -392,11 +457,14 @@ def prepare_part(name, part, work):
 
     facts["tokenizer"] = {"size": Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True),
                           "model_vocab_size": config["vocab_size"], "chat_tokens": part.chat_tokens}
+    heavy = os.environ.get("LAYOUT_LENGTHS", "uniform" if tiny_mode() else "heavy") == "heavy"
     low, high = ((int(os.environ.get("LAYOUT_MIN_TOKENS", 128)), int(os.environ.get("LAYOUT_MAX_TOKENS", 256)))
                  if tiny_mode() else
-                 (int(os.environ.get("LAYOUT_MIN_TOKENS", 256)), int(os.environ.get("LAYOUT_MAX_TOKENS", 512))))
+                 (int(os.environ.get("LAYOUT_MIN_TOKENS", 0 if heavy else 256)),
+                  int(os.environ.get("LAYOUT_MAX_TOKENS", 512))))
+    rows = int(os.environ.get("LAYOUT_ROWS", HEAVY_ROWS if heavy else DATA_ROWS))
     facts["data"] = write_dataset(part_dir / facts["dataset_id"], part.data, tokenizer_json, prompt,
-                                  tokenizer_config.get("eos_token", "</s>"), low, high)
+                                  tokenizer_config.get("eos_token", "</s>"), low, high, rows=rows, heavy=heavy)
     facts["prepare_s"] = time.monotonic() - started
     facts["status"] = "ready"
     return facts
@@ -411,10 +479,13 @@ def variant_flags():
             "B": shlex.split(os.environ.get("LAYOUT_B_FLAGS", "--batch_layout auto"))}
 
 
-def launch_command(script, flags):
+def launch_command(script, flags, profiled=False):
+    """The trial's command; `profiled`: through bench/timed_run.py, which times the steps and profiles
+    LAYOUT_PROFILE_STEPS (handed on as BENCH_PROFILE_STEPS)."""
+    program = [str(REPO / "bench" / "timed_run.py"), str(script)] if profiled else [str(script)]
     if os.environ.get("LAYOUT_LAUNCH", "torchrun") == "python":
-        return [sys.executable, str(script), *flags]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", str(script), *flags]
+        return [sys.executable, *program, *flags]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1", *program, *flags]
 
 
 def clean_lines(text):
@@ -495,9 +566,13 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
     output_dir = trial_work / "output"
     # the cells run where the stand-ins are (the script's default is the notebook's folder, as in Jupyter)
     flags = ["--workdir", facts["dir"], *variant_flags()[variant]]
-    command = launch_command(facts["script"], flags)
-    returncode, timed_out, wall = run_logged(command, facts["dir"], trial_env(facts["dir"], output_dir),
-                                             trial_work / "log.txt", timeout_s)
+    profile_steps = os.environ.get("LAYOUT_PROFILE_STEPS", "")
+    command = launch_command(facts["script"], flags, profiled=bool(profile_steps))
+    env = trial_env(facts["dir"], output_dir)
+    if profile_steps:
+        env.update(BENCH_RESULT_DIR=str(trial_work / "timed"), BENCH_PROFILE_STEPS=profile_steps,
+                   BENCH_T0=str(time.time()))
+    returncode, timed_out, wall = run_logged(command, facts["dir"], env, trial_work / "log.txt", timeout_s)
     text = (trial_work / "log.txt").read_text(encoding="utf-8", errors="replace")
     dest = Path(out) / "trials" / name / label
     shutil.rmtree(dest, ignore_errors=True)
@@ -508,15 +583,33 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
     if state:
         shutil.copyfile(state, dest / "trainer_state.json")
     (dest / "log_excerpt.txt").write_text(excerpt(text), encoding="utf-8")
+    for name in ("rank0.json", "rank0_profile.json", "rank0_ops.txt"):  # timed_run's step times and profile
+        if (trial_work / "timed" / name).exists():
+            shutil.copyfile(trial_work / "timed" / name, dest / name)
     compressed = gzip.compress(text.encode("utf-8", errors="replace"))
     if len(compressed) <= LOG_GZ_LIMIT:  # the whole console, for a trial that went wrong in a way the excerpt misses
         (dest / "log.txt.gz").write_bytes(compressed)
     record = {"part": name, "round": round_, "variant": variant, "flags": flags,
               "command": shlex.join(command), "cwd": facts["dir"], "output_dir": str(output_dir),
               "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"), "returncode": returncode, "timed_out": timed_out,
-              "timeout_s": timeout_s, "wall_s": wall, "log": log_facts(text)}
+              "timeout_s": timeout_s, "wall_s": wall, "log": log_facts(text),
+              "profile": _read_json(dest / "rank0_profile.json"), "step_times": _step_times(dest / "rank0.json")}
     (dest / "trial.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
     return record
+
+
+def _read_json(path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _step_times(path):
+    """From timed_run's record: the device and host step times (ms) and the peak memory."""
+    record = _read_json(path)
+    if record is None:
+        return None
+    return {key: record.get(key) for key in ("step_ms", "host_step_ms", "peak_allocated_gib", "peak_reserved_gib",
+                                             "row_tokens", "per_device_train_batch_size",
+                                             "gradient_accumulation_steps", "gradient_checkpointing_arg")}
 
 
 RESUME_STEPS, RESUME_AT = 10, 5
@@ -666,7 +759,8 @@ def summarize_part(part_facts, trials):
     for record, figures in trials:
         rows.append({**{k: record[k] for k in ("round", "variant", "flags", "command", "returncode", "timed_out",
                                                 "wall_s")},
-                     "status": trial_status(record, figures), **figures, **record["log"]})
+                     "status": trial_status(record, figures), **figures, **record["log"],
+                     "profile": record.get("profile"), "step_times": record.get("step_times")})
     pairs = []
     by_key = {(r["round"], r["variant"]): r for r in rows}
     for round_ in sorted({r["round"] for r in rows}):

@@ -53,9 +53,45 @@ def summarize_trace(trace, wall_ms, steps):
             "collective_ms_per_step": sum(e["dur"] for e in events if _is_collective(e)) / 1e3 / steps,
             "idle_ms_per_step": (wall_ms - busy) / steps,
             "kernels_per_step": len(events) / steps,
+            "busy_fraction": busy / wall_ms if wall_ms else None,
             "top_kernels": [{"name": name, "calls": calls[name], "total_ms": totals[name]} for name in top],
         }
-    return {"steps": steps, "wall_ms_per_step": wall_ms / steps, "devices": devices}
+    return {"steps": steps, "wall_ms_per_step": wall_ms / steps, "devices": devices,
+            "host": host_counts(trace, steps)}
+
+
+# What the host did per step, by the trace's event names: kernel launches through the runtime and the driver
+# (Triton's kernels go through cuLaunchKernelEx), memsets and copies, and gradient checkpointing: each call of a
+# checkpoint autograd.Function (torch's CheckpointFunction, Unsloth's UnslothCheckpointFunction) is one cpu_op,
+# and each copy of an offloaded layer input is a pinned host<->device memcpy. Non-reentrant checkpointing
+# (use_reentrant=False) has no Function of its own and is not counted.
+LAUNCH_NAMES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel", "cudaLaunchKernelExC")
+
+
+def host_counts(trace, steps):
+    """Per step: kernel launches (by API), memsets, host<->device copies (pinned ones apart), checkpoint function
+    calls (forward; their backward apart), and the busy fraction of every device's kernels over the wall time."""
+    counts = defaultdict(int)
+    for event in trace.get("traceEvents", []):
+        name, category = event.get("name", ""), event.get("cat", "")
+        if name in LAUNCH_NAMES:
+            counts["launches." + name] += 1
+        elif category == "gpu_memset":
+            counts["memsets"] += 1
+        elif category == "gpu_memcpy":
+            direction = "HtoD" if "HtoD" in name else "DtoH" if "DtoH" in name else "DtoD" if "DtoD" in name else "other"
+            counts["memcpy." + direction] += 1
+            if "Pinned" in name:
+                counts["memcpy_pinned." + direction] += 1
+        elif category == "cpu_op" and name.endswith("CheckpointFunction"):
+            counts["checkpoint_calls"] += 1
+        elif category == "cpu_op" and name.endswith("CheckpointFunctionBackward") and "::" not in name:
+            counts["checkpoint_backward"] += 1  # not the engine's "autograd::engine::evaluate_function: ..." twin
+    per_step = {key: value / steps for key, value in sorted(counts.items())}
+    per_step["launches"] = sum(value for key, value in per_step.items() if key.startswith("launches."))
+    for key in ("checkpoint_calls", "checkpoint_backward", "memcpy_pinned.HtoD", "memcpy_pinned.DtoH"):
+        per_step.setdefault(key, 0.0)
+    return per_step
 
 
 def _is_collective(event):

@@ -1,6 +1,6 @@
 import pytest
 
-from bench.profile_summary import summarize_trace, union_ms
+from bench.profile_summary import host_counts, summarize_trace, union_ms
 
 
 def kernel(name, ts, dur, device=0):
@@ -37,4 +37,30 @@ def test_busy_collective_and_idle_time_per_step():
 def test_a_trace_without_kernels_has_no_devices():
     summary = summarize_trace({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 5}]},
                               wall_ms=3.0, steps=1)
-    assert summary == {"steps": 1, "wall_ms_per_step": 3.0, "devices": {}}
+    assert {key: summary[key] for key in ("steps", "wall_ms_per_step", "devices")} == {
+        "steps": 1, "wall_ms_per_step": 3.0, "devices": {}}
+    assert summary["host"]["launches"] == 0
+
+
+def test_host_counts_launches_copies_and_checkpoint_calls_per_step():
+    events = (
+        [{"name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 0, "dur": 1}] * 6
+        + [{"name": "cuLaunchKernelEx", "cat": "cuda_driver", "ts": 0, "dur": 1}] * 2
+        + [{"name": "Memcpy HtoD (Pinned -> Device)", "cat": "gpu_memcpy", "ts": 0, "dur": 1}] * 4
+        + [{"name": "Memcpy DtoH (Device -> Pageable)", "cat": "gpu_memcpy", "ts": 0, "dur": 1}] * 2
+        + [{"name": "Memset (Device)", "cat": "gpu_memset", "ts": 0, "dur": 1}] * 2
+        + [{"name": "UnslothCheckpointFunction", "cat": "cpu_op", "ts": 0, "dur": 1}] * 4
+        + [{"name": "UnslothCheckpointFunctionBackward", "cat": "cpu_op", "ts": 0, "dur": 1}] * 4
+        + [{"name": "autograd::engine::evaluate_function: UnslothCheckpointFunctionBackward", "cat": "cpu_op",
+            "ts": 0, "dur": 1}] * 4)
+    counts = host_counts({"traceEvents": events}, steps=2)
+    assert counts["launches"] == 4 and counts["launches.cudaLaunchKernel"] == 3
+    assert counts["memcpy.HtoD"] == 2 and counts["memcpy_pinned.HtoD"] == 2
+    assert counts["memcpy.DtoH"] == 1 and counts["memcpy_pinned.DtoH"] == 0
+    assert counts["memsets"] == 1
+    assert counts["checkpoint_calls"] == 2 and counts["checkpoint_backward"] == 2
+
+
+def test_no_checkpoint_calls_reads_as_zero():
+    counts = host_counts({"traceEvents": [{"name": "cudaLaunchKernel", "cat": "cuda_runtime"}]}, steps=1)
+    assert counts["checkpoint_calls"] == 0 and counts["memcpy_pinned.HtoD"] == 0
