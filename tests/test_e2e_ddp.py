@@ -4,7 +4,9 @@
   back onto the base model gives the trained model's logits;
 - N processes train like one: run with the same flags, 2 processes log the losses of 1 process (the script keeps
   the notebook's global batch by halving the accumulation), and say so; `--batch_layout per-device` is classic DDP
-  (2 processes x accumulation 1 log the losses of 1 process x accumulation 2);
+  (2 processes x the notebook's accumulation 2 log the losses of 1 process x accumulation 4); batch values given on
+  the command line are per process (2 processes x `--gradient_accumulation_steps 2` log the losses of 1 process
+  x accumulation 4);
 - a notebook written in Unsloth's style (tests/fixtures/unsloth_style) exports with the expected rewrites and runs.
 
 Saves are counted by tests/fixtures/e2e/sitecustomize.py, which every process of a run imports at start-up.
@@ -113,18 +115,17 @@ def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_traine
 
 
 def test_two_processes_with_the_same_flags_log_the_losses_of_one_process(example_script, tmp_path):
-    """No batch flag but the notebook's accumulation (4 here): 1 process runs 4 rows x 4 micro batches per step,
-    2 processes keep those 16 rows as 4 x 2 x 2 (the default `--batch_layout notebook`). Loss normalisation
-    across ranks must make them equal.
+    """No batch flag: the notebook's 4 rows x 2 micro batches per step on 1 process, kept on 2 processes as
+    4 x 1 x 2 (the default `--batch_layout notebook`). Loss normalisation across ranks must make them equal.
 
     On one CPU they agree to the last bit; 1e-5 leaves room for other CPUs' rounding and still fails when each rank
-    averages over its own tokens (average_tokens_across_devices=False: 2e-5 to 4e-4 apart over these 4 steps)."""
-    flags = [*FEW_STEPS, "--warmup_steps", "0", "--gradient_accumulation_steps", "4"]
+    averages over its own tokens (average_tokens_across_devices=False)."""
+    flags = [*FEW_STEPS, "--warmup_steps", "0"]
     run_script(example_script, *flags, "--output_dir", str(tmp_path / "one"), nproc=None)
     result = run_script(example_script, *flags, "--output_dir", str(tmp_path / "two"), nproc=2)
     assert_same_training(tmp_path / "one", tmp_path / "two")
     output = result.stdout + result.stderr
-    plan = ("global batch 16 rows = 4 per device x 2 accumulation x 2 processes (the notebook: 4 x 4 x 1; "
+    plan = ("global batch 8 rows = 4 per device x 1 accumulation x 2 processes (the notebook: 4 x 2 x 1; "
             "--batch_layout notebook)")
     assert output.count(f"nbddp: SFTConfig: {plan}") == 1  # rank 0 says it, once
     records = map(json.loads, (tmp_path / "two" / "metrics.jsonl").read_text().splitlines())
@@ -132,15 +133,36 @@ def test_two_processes_with_the_same_flags_log_the_losses_of_one_process(example
 
 
 def test_per_device_layout_is_classic_ddp(example_script, tmp_path):
-    """`--batch_layout per-device`: each process runs the notebook's per-device settings, so 2 processes x
-    accumulation 1 train the global batch of 1 process x accumulation 2, as every DDP script does."""
+    """`--batch_layout per-device`: each process runs the notebook's per-device settings (4 x 2), so 2 processes
+    train the global batch of 1 process x accumulation 4, as every DDP script does."""
     flags = [*FEW_STEPS, "--warmup_steps", "0"]
-    run_script(example_script, *flags, "--gradient_accumulation_steps", "2", "--output_dir", str(tmp_path / "one"),
+    run_script(example_script, *flags, "--gradient_accumulation_steps", "4", "--output_dir", str(tmp_path / "one"),
                nproc=None)
-    result = run_script(example_script, *flags, "--gradient_accumulation_steps", "1", "--batch_layout", "per-device",
-                        "--output_dir", str(tmp_path / "two"), nproc=2)
-    assert "global batch 8 rows = 4 per device x 1 accumulation x 2 processes" in result.stdout
+    result = run_script(example_script, *flags, "--batch_layout", "per-device", "--output_dir", str(tmp_path / "two"),
+                        nproc=2)
+    assert "global batch 16 rows = 4 per device x 2 accumulation x 2 processes" in result.stdout
     assert_same_training(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.parametrize("how", ["flags", "set"])
+def test_batch_values_on_the_command_line_are_per_process(example_script, tmp_path, how):
+    """`--gradient_accumulation_steps 2` (or `--set`) on 2 processes is 2 per process, as in every Hugging Face
+    script: 2 x 2 x 2 trains the global batch of 1 process at 2 x 4, and the plan line says whose values they are."""
+    def batch(micro, accumulation):
+        if how == "set":
+            return ["--set", f"per_device_train_batch_size={micro}",
+                    "--set", f"gradient_accumulation_steps={accumulation}"]
+        return ["--per_device_train_batch_size", str(micro), "--gradient_accumulation_steps", str(accumulation)]
+
+    flags = [*FEW_STEPS, "--warmup_steps", "0"]
+    run_script(example_script, *flags, *batch(2, 4), "--output_dir", str(tmp_path / "one"), nproc=None)
+    result = run_script(example_script, *flags, *batch(2, 2), "--output_dir", str(tmp_path / "two"), nproc=2)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert sorted(one) == sorted(two) == [1, 2, 3, 4]
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=1e-3), f"step {step}: 1 process {one[step]}, 2: {two[step]}"
+    assert_same_training(tmp_path / "one", tmp_path / "two")  # and closer still on one CPU: see the test above
+    assert "global batch 8 rows = 2 per device x 2 accumulation x 2 processes (command line)" in result.stdout
 
 
 def assert_same_training(one_dir, two_dir):

@@ -1,9 +1,9 @@
 """`--batch-layout auto` in `pipeline.py smoke` and `run`: prove the fuller layout on the smoke device first.
 
-The smoke run trains its steps in the notebook's layout (one process: micro batch B x accumulation A). A second
-smoke run trains the same steps in the layout torchrun's N processes will use: `--batch_layout auto` with
-NBDDP_PLAN_PROCESSES=N, so the runtime lays the batch out for N processes (micro batch b, its one device taking
-all N shares of each step in turn), same seed, same data order. The two are equal in exact arithmetic (Trainer
+The smoke run trains its steps in the notebook's layout as torchrun's N processes would (NBDDP_PLAN_PROCESSES=N:
+the runtime lays the batch out for N processes, its one device taking all N shares of each step in turn). A second
+smoke run trains the same steps in the fuller layout those processes will use: `--batch_layout auto`, same seed,
+same data order. The two are equal in exact arithmetic (Trainer
 normalises each step's loss by the tokens of the whole step, whatever its micro batches); what differs is
 rounding in matrix products of other shapes. `run` launches torchrun with `--batch_layout b` (the proven micro
 batch) when every step's training loss agrees within the tolerance, else with `--batch_layout notebook`, saying why.
@@ -55,9 +55,9 @@ class LayoutCheck:
         if not self.differs:
             return self.reason or "auto kept the notebook's layout (nothing fuller fits, or it is already the fullest)"
         fuller, notebook = self.fuller, self.notebook
-        text = (f"micro batch {fuller['micro_batch']} x {fuller['accumulation']} per process against the notebook's "
-                f"{notebook['micro_batch']} x {notebook['accumulation']} on {_processes(fuller['processes'])}, "
-                f"{self.steps} steps on one device")
+        text = (f"micro batch {fuller['micro_batch']} x {fuller['accumulation']} per process against "
+                f"{notebook['micro_batch']} x {notebook['accumulation']} (--batch_layout notebook) on "
+                f"{_processes(fuller['processes'])}, {self.steps} steps on one device")
         if self.max_rel_diff is not None:
             text += f": max relative loss difference {self.max_rel_diff:.1e} (tolerance {self.tolerance:g})"
         return f"{text}; {self.reason}" if self.reason else f"{text}: torchrun uses micro batch {fuller['micro_batch']}"
@@ -90,11 +90,12 @@ def prove(notebook, script, defaults, user, visible, timeout, run_dir, extra_env
     for `processes` torchrun processes; prints and returns the LayoutCheck."""
     from nbddp.orchestration import smoke  # here: smoke imports this module
 
+    planned = (extra_env or {}) | {PLAN_PROCESSES: str(processes)}
     notebook_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "notebook"}, visible, timeout,
-                                   run_dir / "smoke", extra_env)
+                                   run_dir / "smoke", planned)
     print(f"smoke: --batch-layout auto: the same steps in the layout of {_processes(processes)}", flush=True)
     fuller_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
-                                 run_dir / "smoke-auto", (extra_env or {}) | {PLAN_PROCESSES: str(processes)})
+                                 run_dir / "smoke-auto", planned)
     check = compare(notebook_run.metrics, fuller_run.metrics, GPU_TOLERANCE if visible else CPU_TOLERANCE)
     print(f"smoke: layout check: {check.describe()}", flush=True)
     return check

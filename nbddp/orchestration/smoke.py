@@ -5,7 +5,9 @@ number, in the kernel's environment, which caps every training arguments the not
 smoke run stays short whatever `-p max_steps -1`, a script without that parameter or the notebook's epochs say;
 likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point training at the run folder.
 `--set NAME=VALUE` overrides of the training arguments reach the kernel as NBDDP_SET (training_overrides), and
-`--batch-layout` as the script's `batch_layout` parameter.
+`--batch-layout` as the script's `batch_layout` parameter; `-p per_device_train_batch_size` and
+`gradient_accumulation_steps`, per-process values as the script's own flags are, also as NBDDP_PER_PROCESS
+(batch_plan).
 Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
 params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there). A SIGINT or
 SIGTERM stops papermill and its kernel (`stopping`).
@@ -22,6 +24,7 @@ from nbddp.formats.metrics import METRICS_FILE
 from nbddp.orchestration import (devices, files, launch, layout_check, notebook_run, parameters, project_changes,
                                  stopping)
 from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
+from nbddp.runtime.memory import batch_plan
 
 DEFAULT_SCRIPT = Path("generated/train.py")
 # A few optimizer steps show that data, model, LoRA and trainer fit together, in seconds.
@@ -81,6 +84,8 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     files.write_json(run_dir / "params.json", injected)
     steps = smoke_steps(injected)
     env = smoke_environment(defaults, run_dir, steps=steps) | (extra_env or {})
+    if per_process := batch_plan.per_process_environment(user):  # the user's batch values: per process (batch_plan)
+        env[batch_plan.PER_PROCESS] = per_process
     in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())
     log.logger.info(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}")
     if injected.get("max_steps") != steps and env.get("NBDDP_MAX_STEPS") == str(steps):

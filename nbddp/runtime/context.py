@@ -30,6 +30,14 @@ from nbddp.runtime.inputs.flags import process_group_timeout, running_in_kernel
 from nbddp.runtime.once_per_machine import OncePerMachine
 
 
+def _batch_keywords_from_command_line(kwargs, overrides) -> set[str]:
+    """The batch keywords of a config's `kwargs` that the command line gave (batch_plan): by `--set`, or by the
+    script's flag of the same name whose value the notebook passed on (NBDDP_PER_PROCESS)."""
+    given = {override.name for override in overrides} & set(batch_plan.BATCH_KEYWORDS)
+    flags = batch_plan.command_line_values()
+    return given | {name for name, text in flags.items() if name in kwargs and str(kwargs[name]) == text}
+
+
 class CpuProperties(NamedTuple):
     """What `ddp.device_properties()` gives without a GPU (torch.cuda's device properties have these fields)."""
     name: str
@@ -171,9 +179,11 @@ class DistributedContext:
         def build(*args, **kwargs):
             from nbddp.runtime.inputs import training_overrides
 
-            kwargs, notes = training_overrides.apply(config_class, kwargs, training_overrides.from_environment())
+            overrides = training_overrides.from_environment()
+            kwargs, notes = training_overrides.apply(config_class, kwargs, overrides)
             if "max_steps" in kwargs and os.environ.get("NBDDP_MAX_STEPS"):  # caps `--set max_steps=N` too
                 kwargs["max_steps"] = self.max_steps(kwargs["max_steps"])
+            command_line = _batch_keywords_from_command_line(kwargs, overrides)
             kwargs = smoke_sandbox.training_kwargs(config_class.__name__, kwargs)  # a smoke run pushes nothing
             if not self.on_gpu:  # TRL's configs turn bf16 on when it is not given, which a CPU cannot run
                 kwargs.setdefault("bf16", False)
@@ -183,7 +193,7 @@ class DistributedContext:
                           for name in ("num_generations", "generation_batch_size", "steps_per_generation")]
             grouped = batch_plan.one_gpu_grpo_micro_batch(micro_batch, accumulation, *generation)
             plan = batch_plan.plan(grouped, accumulation, self._planned_processes(), self.batch_layout,
-                                   running=self.world_size)
+                                   running=self.world_size, command_line=command_line)
             problem = batch_plan.generation_batch_problem(plan, *generation)
             if problem:
                 raise UsageError(f"{config_class.__name__}: {problem}")

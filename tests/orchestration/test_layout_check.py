@@ -49,10 +49,11 @@ def test_the_same_layout_or_missing_metrics_launch_the_notebooks(tmp_path):
 @pytest.mark.e2e
 @needs_generated_script
 def test_run_launches_the_proven_layout(repo_root, tmp_path):
-    flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "4")]
+    flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "2")]  # per process
     summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path,
                   batch_layout="auto")
-    assert "layout check:  micro batch 8 x 1 per process against the notebook's 4 x 4 on 2 processes" in summary
+    assert ("layout check:  micro batch 8 x 1 per process against 4 x 2 (--batch_layout notebook) on 2 processes"
+            in summary)
     assert "torchrun uses micro batch 8" in summary
     assert "batch:         global batch 16 rows = 8 per device x 1 accumulation x 2 processes" in summary
 
@@ -70,7 +71,7 @@ def test_a_planted_difference_is_refused(repo_root, tmp_path, monkeypatch):
         return run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra_env)
 
     monkeypatch.setattr(smoke, "run_smoke", plant)
-    flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "4")]
+    flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "2")]  # per process
     summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path,
                   batch_layout="auto")
     assert "the losses differ by more than the tolerance" in summary

@@ -102,3 +102,46 @@ def test_grpo_on_two_processes_splits_the_batch_unsloth_trains_on_one_gpu():
     assert one_gpu_grpo_micro_batch(2, 3, 6, None, None) == 2
     assert one_gpu_grpo_micro_batch(1, 1, 6, None, 2) == 1
     assert one_gpu_grpo_micro_batch(4, 1, None, None, None) == 4
+
+
+BOTH = batch_plan.BATCH_KEYWORDS
+
+
+def test_command_line_values_are_per_process():
+    """`--per_device_train_batch_size 2 --gradient_accumulation_steps 2` on 2 processes: 2 x 2 x 2, as in every
+    Hugging Face script, not the notebook's global batch of 4 split over them."""
+    p = plan(2, 2, 2, "notebook", command_line=BOTH)
+    assert layout(p) == (2, 2, 2, 8) and p.warning is None
+    assert p.describe() == "global batch 8 rows = 2 per device x 2 accumulation x 2 processes (command line)"
+    assert p.as_record()["command_line"] == list(BOTH)
+    assert layout(plan(2, 2, 2, "notebook")) == (2, 1, 2, 4)  # the same values from the notebook
+
+
+def test_one_command_line_value_keeps_the_notebooks_micro_batch_per_device():
+    p = plan(4, 2, 2, "notebook", command_line=("gradient_accumulation_steps",))
+    assert layout(p) == (4, 2, 2, 16)
+    assert p.describe().endswith("x 2 processes (gradient_accumulation_steps from the command line)")
+
+
+def test_command_line_values_run_by_one_process_for_two():
+    """The smoke run's layout check (NBDDP_PLAN_PROCESSES=2 on one process) trains the 2 processes' global batch."""
+    p = plan(2, 2, 2, "notebook", running=1, command_line=BOTH)
+    assert (p.global_batch, p.accumulation_here) == (8, 4)
+
+
+def test_a_fuller_layout_keeps_the_command_lines_rows_per_process():
+    auto = plan(2, 2, 2, "auto", command_line=BOTH)
+    assert layout(auto) == (2, 2, 2, 8) and auto.fuller
+    assert auto.describe().endswith("(command line: 2 x 2 per process; --batch_layout auto)")
+    assert plan(2, 2, 2, 4, command_line=BOTH).layout == "4"
+    with pytest.raises(UsageError, match="the command line's 2 x 2 rows per process are not a whole number of "
+                                         "micro batches of 3"):
+        plan(2, 2, 2, 3, command_line=BOTH)
+
+
+def test_the_command_lines_values_travel_in_the_environment():
+    environ = {batch_plan.PER_PROCESS: "per_device_train_batch_size=2\nlearning_rate=1"}
+    assert batch_plan.command_line_values(environ) == {"per_device_train_batch_size": "2"}
+    text = batch_plan.per_process_environment({"gradient_accumulation_steps": 4, "rows": 5}, environ)
+    assert text == "per_device_train_batch_size=2\ngradient_accumulation_steps=4"
+    assert batch_plan.per_process_environment({"rows": 5}, {}) == ""

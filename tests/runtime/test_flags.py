@@ -6,6 +6,7 @@ import pytest
 
 from nbddp.runtime.inputs import flags, training_overrides
 from nbddp.runtime.inputs.flags import apply_flags
+from nbddp.runtime.memory import batch_plan
 
 
 def parameters():
@@ -286,3 +287,24 @@ def test_a_script_without_parameters_takes_set_before_torch_loads(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().splitlines()[-1] == ("train.py: error: argument --set: bogus: expected NAME=VALUE, "
                                                    "e.g. --set learning_rate=1e-4")
+
+
+def test_batch_flags_given_on_the_command_line_are_marked_per_process(monkeypatch):
+    monkeypatch.setenv(batch_plan.PER_PROCESS, "")
+    monkeypatch.delenv(batch_plan.PER_PROCESS)  # put back as it was after the test: apply_flags writes os.environ
+    monkeypatch.setattr(sys, "argv", ["generated/train.py", "--gradient_accumulation_steps=2", "--rows", "5"])
+    namespace = {"rows": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 4}
+    apply_flags(namespace, dict.fromkeys(namespace, "03_train.ipynb"))
+    assert namespace["gradient_accumulation_steps"] == 2
+    # the micro batch was left at the notebook's value: not the command line's, though it has a flag
+    assert os.environ[batch_plan.PER_PROCESS] == "gradient_accumulation_steps=2"
+    assert batch_plan.command_line_values() == {"gradient_accumulation_steps": "2"}
+
+
+def test_without_batch_flags_nothing_is_marked(monkeypatch):
+    monkeypatch.setenv(batch_plan.PER_PROCESS, "")
+    monkeypatch.delenv(batch_plan.PER_PROCESS)
+    monkeypatch.setattr(sys, "argv", ["generated/train.py", "--rows", "4"])
+    namespace = {"rows": 1, "gradient_accumulation_steps": 4}
+    apply_flags(namespace, dict.fromkeys(namespace, "03_train.ipynb"))
+    assert batch_plan.PER_PROCESS not in os.environ

@@ -42,7 +42,8 @@ def test_per_device_is_classic(capsys):
 def test_set_overrides_come_before_the_layout(monkeypatch, capsys):
     monkeypatch.setenv("NBDDP_SET", "gradient_accumulation_steps=8\nlearning_rate=1e-4\nlr_scheduler_type=cosine")
     config = build(2, per_device_train_batch_size=2, gradient_accumulation_steps=4, learning_rate=2e-4)
-    assert config.gradient_accumulation_steps == 4  # the override is the one-device run's 8, halved
+    assert config.gradient_accumulation_steps == 8  # the command line's: per process, as in Hugging Face's scripts
+    assert config.nbddp_batch_plan.command_line == ("gradient_accumulation_steps",)
     assert config.learning_rate == 1e-4 and isinstance(config.learning_rate, float)
     assert config.lr_scheduler_type == "cosine"
     assert "nbddp: SFTConfig: --set learning_rate=0.0001 (the notebook wrote 0.0002)" in capsys.readouterr().out
@@ -95,3 +96,19 @@ def test_on_a_cpu_bf16_is_off_unless_the_notebook_sets_it():
     with pytest.raises(ValueError, match="bf16"):
         SFTConfig(output_dir="out", report_to="none")
     assert ddp.training_args(SFTConfig)(output_dir="out", report_to="none").bf16 is False
+
+
+def test_a_flag_the_notebook_passed_on_is_per_process(monkeypatch, capsys):
+    """`--gradient_accumulation_steps 2` on the script's command line (NBDDP_PER_PROCESS), the notebook passing the
+    parameter to its config: 2 per process, not the notebook's global batch halved."""
+    monkeypatch.setenv("NBDDP_PER_PROCESS", "per_device_train_batch_size=2\ngradient_accumulation_steps=2")
+    config = build(2, per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 2)
+    assert capsys.readouterr().out == ("nbddp: SFTConfig: global batch 8 rows = 2 per device x 2 accumulation x 2 "
+                                       "processes (command line)\n")
+
+
+def test_a_value_the_notebook_computed_from_a_flag_is_the_notebooks(monkeypatch):
+    monkeypatch.setenv("NBDDP_PER_PROCESS", "gradient_accumulation_steps=2")
+    config = build(2, per_device_train_batch_size=2, gradient_accumulation_steps=4)  # e.g. `2 * flag`
+    assert config.gradient_accumulation_steps == 2 and config.nbddp_batch_plan.command_line == ()

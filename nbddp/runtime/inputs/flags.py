@@ -26,6 +26,7 @@ from nbddp.formats.parameters import (DTYPE, DTYPES, NBDDP_NOTEBOOK, SCRIPT_CELL
                                      read_script, typed)
 from nbddp.runtime import working_directory
 from nbddp.runtime.inputs import preflight, training_overrides
+from nbddp.runtime.memory import batch_plan
 from nbddp.formats.script_parameters import WORKDIR
 
 # The one parameter nbddp adds to every generated script; its default lives in the script.
@@ -64,6 +65,9 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
         override_lines = values.pop(SET_DEST)
         if override_lines:
             os.environ[training_overrides.ENV] = training_overrides.environment_value(override_lines)
+        given = {name: values[name] for name in batch_plan.BATCH_KEYWORDS if name in values and _given(name)}
+        if given:  # per-process values, as in Hugging Face's scripts (batch_plan)
+            os.environ[batch_plan.PER_PROCESS] = batch_plan.per_process_environment(given)
         namespace.update(values)
     output_dirs = {OUTPUT_DIR: namespace[OUTPUT_DIR]} if OUTPUT_DIR in namespace else {}
     if os.environ.get(OUTPUT_DIR_VARIABLE):
@@ -79,6 +83,11 @@ def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
             raise
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
+
+
+def _given(name: str) -> bool:
+    """`--name` is on the command line (as `--name VALUE` or `--name=VALUE`), not left at its default."""
+    return any(word == f"--{name}" or word.startswith(f"--{name}=") for word in sys.argv[1:])
 
 
 def defined_in(script: str | None) -> dict[str, str]:

@@ -10,6 +10,13 @@ times accumulation A (`gradient_accumulation_steps`), B x A rows per optimizer s
     <b>          as auto, with micro batch b per process (accumulation B x A / (N x b)): the layout a smoke run
                  proved (`pipeline.py run --batch-layout auto`)
 
+Values given on the command line (the script's `--per_device_train_batch_size 2` and `--gradient_accumulation_steps
+2` flags, or `--set`) are per-process values, as in every Hugging Face script: they are kept on each process
+under any layout (`auto` and `<b>` still make the micro batch fuller at train(), keeping the rows per process),
+and the plan line says "(command line)". Only values the notebook wrote describe its one-device run. The script
+learns which values came from its command line through NBDDP_PER_PROCESS (`NAME=VALUE` lines: its flags'
+parser sets it, and `pipeline.py` for the kernel of a smoke run); a `--set` line always comes from it.
+
 A one-process run can lay out the batch for N processes (`NBDDP_PLAN_PROCESSES=N`, what the smoke run's layout
 check sets): it runs each of its optimizer steps as the N processes would, its one device taking all N shares
 in turn (accumulation x N), so its losses are the N-process run's.
@@ -18,10 +25,13 @@ The learning rate and schedule are never changed: under `per-device` they apply 
 No torch here: planning is arithmetic, tested without a process group.
 """
 import dataclasses
+import os
 
 from nbddp.errors import UsageError
 
 LAYOUTS = ("notebook", "per-device", "auto")
+BATCH_KEYWORDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
+PER_PROCESS = "NBDDP_PER_PROCESS"  # the batch keywords the command line gave, as `NAME=VALUE` lines (module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,10 +42,11 @@ class BatchPlan:
     micro_batch: int
     accumulation: int  # per process, as `processes` processes run it
     processes: int  # that the layout is for
-    notebook_micro_batch: int
+    notebook_micro_batch: int  # as the config was given them: the notebook's, or the command line's (below)
     notebook_accumulation: int
     warning: str | None = None  # set when the global batch differs from the notebook's without being asked to
     running: int | None = None  # processes that run it, when fewer than `processes` (NBDDP_PLAN_PROCESSES)
+    command_line: tuple[str, ...] = ()  # the BATCH_KEYWORDS given on the command line: per-process values
 
     @property
     def accumulation_here(self) -> int:
@@ -61,7 +72,9 @@ class BatchPlan:
         text = (f"global batch {self.global_batch} rows = {self.micro_batch} per device x {self.accumulation} "
                 f"accumulation x {processes}")
         notebook = (self.notebook_micro_batch, self.notebook_accumulation)
-        if notebook == (self.micro_batch, self.accumulation) and self.processes == 1 and not self.fuller:
+        if self.command_line:
+            text += f" ({self._command_line_source()})"
+        elif notebook == (self.micro_batch, self.accumulation) and self.processes == 1 and not self.fuller:
             text += " (as the notebook)"
         else:
             text += f" (the notebook: {notebook[0]} x {notebook[1]} x 1; --batch_layout {self.layout})"
@@ -70,13 +83,23 @@ class BatchPlan:
                      f"(NBDDP_PLAN_PROCESSES={self.processes})")
         return text
 
+    def _command_line_source(self) -> str:
+        """`command line`, or `gradient_accumulation_steps from the command line`, and what a fuller layout made of
+        the given per-process values."""
+        source = ("command line" if len(self.command_line) == len(BATCH_KEYWORDS)
+                  else f"{self.command_line[0]} from the command line")
+        given = (self.notebook_micro_batch, self.notebook_accumulation)
+        if self.fuller or given != (self.micro_batch, self.accumulation):
+            source += f": {given[0]} x {given[1]} per process; --batch_layout {self.layout}"
+        return source
+
     def as_record(self) -> dict:
         """The plan as metrics.jsonl's `{"event": "batch_plan", ...}` line holds it."""
         return {"layout": self.layout, "micro_batch": self.micro_batch, "accumulation": self.accumulation,
                 "processes": self.processes, "global_batch": self.global_batch,
                 "notebook_micro_batch": self.notebook_micro_batch,
                 "notebook_accumulation": self.notebook_accumulation, "warning": self.warning,
-                "running": self.running or self.processes}
+                "running": self.running or self.processes, "command_line": list(self.command_line)}
 
 
 _built: list[BatchPlan] = []  # the plans ddp.training_args made in this process, newest last
@@ -113,19 +136,40 @@ def parse_layout(value) -> str | int:
                      f"from 1), not {value!r}")
 
 
-def plan(micro_batch: int, accumulation: int, processes: int, layout, running: int | None = None) -> BatchPlan:
+def command_line_values(environ=os.environ) -> dict[str, str]:
+    """{batch keyword: its text} that NBDDP_PER_PROCESS holds: the values the command line gave (see the module)."""
+    lines = (line.partition("=") for line in environ.get(PER_PROCESS, "").splitlines())
+    return {name.strip(): text.strip() for name, equals, text in lines if equals and name.strip() in BATCH_KEYWORDS}
+
+
+def per_process_environment(values: dict, environ=os.environ) -> str:
+    """NBDDP_PER_PROCESS for this process or a child: what `environ` holds, with the BATCH_KEYWORDS among
+    `values` (the command line's: flags or parameters given) set."""
+    given = command_line_values(environ) | {name: str(values[name]) for name in BATCH_KEYWORDS if name in values}
+    return "\n".join(f"{name}={text}" for name, text in given.items())
+
+
+def plan(micro_batch: int, accumulation: int, processes: int, layout, running: int | None = None,
+         command_line=()) -> BatchPlan:
     """The layout of the notebook's `micro_batch` x `accumulation` on `processes` processes (see the module), run by
-    `running` processes (default: as many); a micro batch `layout` is checked here and applied at train()."""
+    `running` processes (default: as many); a micro batch `layout` is checked here and applied at train().
+    `command_line`: the BATCH_KEYWORDS whose values the command line gave: then both are per-process values."""
     layout = parse_layout(layout)
+    command_line = tuple(name for name in BATCH_KEYWORDS if name in command_line)
     if running is not None and (running < 1 or processes % running):
         raise UsageError(f"NBDDP_PLAN_PROCESSES={processes}: {running} running processes cannot take equal shares")
     for name, value in (("per_device_train_batch_size", micro_batch), ("gradient_accumulation_steps", accumulation)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UsageError(f"{name}={value!r}: nbddp lays out the batch from whole numbers from 1")
     notebook = dict(processes=processes, notebook_micro_batch=micro_batch, notebook_accumulation=accumulation,
-                    running=running if running != processes else None)
+                    running=running if running != processes else None, command_line=command_line)
     if layout == "per-device":
         return BatchPlan("per-device", micro_batch, accumulation, **notebook)
+    if command_line:  # per-process values, as in Hugging Face's scripts
+        if isinstance(layout, int) and (micro_batch * accumulation) % layout:
+            raise UsageError(f"--batch_layout {layout}: the command line's {micro_batch} x {accumulation} rows per "
+                             f"process are not a whole number of micro batches of {layout}")
+        return BatchPlan(str(layout), micro_batch, accumulation, **notebook)
     rows = micro_batch * accumulation
     if isinstance(layout, int):
         if rows % (processes * layout):
