@@ -160,3 +160,29 @@ def test_a_process_group_timeout_that_is_no_number_of_seconds(scratch, timeout):
                         env={**scratch["env"], "NBDDP_TIMEOUT_S": timeout})
     assert_one_paragraph(result, f"nbddp: error: NBDDP_TIMEOUT_S='{timeout}': expected a number of seconds above 0")
     assert not scratch["out"].exists()
+
+
+def launch_two(*flags, env=None):
+    """`pipeline.py launch` of the generated script on 2 CPU processes."""
+    command = [sys.executable, "pipeline.py", "launch", "--nproc-per-node", "2", "--", *flags]
+    return subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                          capture_output=True, text=True, timeout=600)
+
+
+@needs_generated_script
+@pytest.mark.parametrize("bad, why", [
+    ('{"instruction": "Copy the words.", "input": "a b", "out', "not JSON (Unterminated string starting at: column"),
+    ("[1, 2, 3]", "a JSON list, not an object"),
+])
+def test_a_data_line_that_is_no_json_object_on_two_processes(tmp_path, scratch, bad, why):
+    lines = (REPO / "data" / "tiny_instructions.jsonl").read_text().splitlines()
+    data = tmp_path / "bad.jsonl"
+    data.write_text("\n".join([*lines[:1500], bad, *lines[1500:]]) + "\n")
+    result = launch_two("--backend", "hf", "--data_path", str(data), "--output_dir", str(scratch["out"]),
+                        env=scratch["env"])
+    assert result.returncode == 1 and "exitcode  : 2" in result.stderr  # the worker exits 2, torchrun 1
+    assert f"nbddp: error: {data}, line 1501: {why}" in result.stderr
+    assert f"the line begins {bad[:60]!r}" in result.stderr
+    assert "rank 0 failed: DataError: " in result.stderr
+    assert f'File "{REPO / "nbddp"}' not in result.stderr and 'pipeline.py", line' not in result.stderr
+    assert not scratch["out"].exists()

@@ -110,9 +110,11 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         print(f"nbddp: error: {error}", file=sys.stderr)
         sys.exit(error.exit_status)
     from nbddp.runtime import smoke_sandbox  # imports transformers: once the backend is active
+    from nbddp.runtime.inputs import data
     from nbddp.runtime.trainer import training_checkpoints
 
     training_checkpoints.register()
+    data.register()
     smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
     if ddp.is_main_process:
         if auto is not None:

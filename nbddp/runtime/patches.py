@@ -109,6 +109,10 @@ PATCHES = {
         "transformers.trainer.DEFAULT_CALLBACKS, Trainer._get_output_dir, .train, ._save_checkpoint",
         "transformers", "every run",
         "a checkpoint is resumed from only once every rank finished writing it (trainer.training_checkpoints)"),
+    "json-data-lines": Patch(
+        "datasets.load_dataset", "datasets", "every run",
+        "load_dataset('json') fails on a line that is no JSON object without naming the file or the line "
+        "(inputs.data)"),
     "smoke-sandbox": Patch(
         "save_pretrained, push_to_hub, from_pretrained, torch.save/load, savefig, save_to_disk/load_from_disk",
         "transformers", "smoke runs",
@@ -132,6 +136,7 @@ TESTED = {
     "transformers": ("4.56", "5.17"),
     "trl": ("0.22", "1.14"),
     "accelerate": ("1.15", "1.15"),
+    "datasets": ("4.8", "4.8"),
     "torch": ("2.11", "2.13"),
     "unsloth": ("2026.10", "2026.10"),
 }

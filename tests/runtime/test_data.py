@@ -80,3 +80,65 @@ def test_a_path_that_is_no_file(tmp_path, monkeypatch, path, message):
 def test_a_pattern_that_matches_nothing(tmp_path):
     with pytest.raises(DataError, match="the pattern matches no file"):
         require_file(str(tmp_path / "*.jsonl"))
+
+
+@pytest.fixture
+def named_bad_lines(monkeypatch):
+    """`datasets.load_dataset` wrapped as runtime.setup wraps it, unwrapped afterwards."""
+    import datasets
+    import datasets.load
+
+    from nbddp.runtime import patches
+    from nbddp.runtime.inputs import data
+
+    for owner in (datasets, datasets.load):
+        monkeypatch.setattr(owner, "load_dataset", owner.load_dataset)
+    data.register()
+    yield datasets.load_dataset
+    patches.undo()
+
+
+def lines_file(tmp_path, bad, at=4):
+    rows = [json.dumps(row()).encode() for _ in range(6)]
+    rows.insert(at - 1, bad)
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(b"\n".join(rows) + b"\n")
+    return path
+
+
+@pytest.mark.parametrize("bad, why", [
+    (b'{"instruction": "copy", "input": "a b", "out', "not JSON (Unterminated string starting at: column 41)"),
+    (b"[1, 2, 3]", "a JSON list, not an object"),
+    (b'"text"', "a JSON str, not an object"),
+])
+def test_a_line_that_is_no_json_object_is_named_with_its_file_and_line(tmp_path, named_bad_lines, bad, why):
+    path = lines_file(tmp_path, bad)
+    with pytest.raises(DataError) as raised:
+        named_bad_lines("json", data_files=str(path), split="train", cache_dir=str(tmp_path / "cache"))
+    begins = bad.decode("utf-8", errors="replace")[:60]
+    assert str(raised.value).startswith(f"{path}, line 4: {why}; the line begins {begins!r}. Each line of a JSON-lines")
+
+
+def test_a_bad_line_is_found_through_patterns_and_splits(tmp_path):
+    from nbddp.runtime.inputs.data import bad_json_line
+
+    good = tmp_path / "a.jsonl"
+    good.write_text(json.dumps(row()) + "\n")
+    bad = lines_file(tmp_path, b"[1]", at=2)
+    assert bad_json_line([good, bad]).startswith(f"{bad}, line 2: a JSON list")
+    assert bad_json_line([good]) is None
+    assert bad_json_line([lines_file(tmp_path, b'{"instruction": "\xff"}')]).startswith(
+        f"{tmp_path / 'rows.jsonl'}, line 4: not UTF-8 text (invalid start byte at byte 18); the line begins "
+        "'{\"instruction\": \"\ufffd\"}'")
+    from nbddp.runtime.inputs.data import _local_files
+    assert _local_files({"train": str(tmp_path / "*.jsonl"), "test": [str(good), "missing.jsonl"]}) == [
+        str(good), str(bad), str(good)]
+
+
+def test_a_json_document_and_good_lines_load_as_before(tmp_path, named_bad_lines):
+    document = tmp_path / "rows.json"
+    document.write_text(json.dumps([row(), row("y")], indent=1))
+    assert named_bad_lines("json", data_files=str(document), split="train",
+                           cache_dir=str(tmp_path / "cache"))["output"] == ["x", "y"]
+    lines = lines_file(tmp_path, json.dumps(row("z")).encode())
+    assert len(named_bad_lines("json", data_files=str(lines), split="train", cache_dir=str(tmp_path / "c2"))) == 7

@@ -90,6 +90,27 @@ def test_every_line_carries_the_rank_when_torchrun_runs_several(tmp_path, monkey
     assert lines[-1].endswith("comes from notebooks/03_train.ipynb, cell 4, line 1")
 
 
+def test_a_rank_that_lost_its_peer_says_where_it_waited_without_a_traceback(tmp_path, monkeypatch):
+    # rank 0 stopped on bad input inside main_process_first: rank 1's barrier fails, and rank 0's report says why
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    script = tmp_path / "train.py"
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    code = compile("\n" * 6 + "raise RuntimeError('[pair.cc:534] Connection closed by peer [127.0.0.1]:5\\nmore')",
+                   str(script), "exec")
+    try:
+        exec(code, {})
+    except RuntimeError as raised:
+        error = raised
+    report = tracebacks.format_report(type(error), error, error.__traceback__, str(script))
+    assert report.splitlines() == [
+        "[rank 1] nbddp: stopped: another rank ended while this one waited for it (RuntimeError: [pair.cc:534] "
+        "Connection closed by peer [127.0.0.1]:5)",
+        report.splitlines()[1],
+    ]
+    assert report.splitlines()[1].endswith("train.py line 7 comes from notebooks/03_train.ipynb, cell 4, line 1")
+
+
 def test_a_map_of_the_wrong_shape_is_named_after_the_traceback(tmp_path):
     script = tmp_path / "train.py"
     (tmp_path / "train.sourcemap.json").write_text(json.dumps({"cells": [{"title": "x", "first_line": 1, "origin": [[1]]}]}))

@@ -12,6 +12,11 @@ exits with the error's status (2):
     nbddp: error: data/x.jsonl row 17: missing "output"
       generated/train.py line 61 comes from notebooks/01_data_prep.ipynb, cell 9, line 3
 
+A rank whose collective failed because another rank's process ended (it stopped on bad input in a
+`main_process_first` block, say) reports where it waited, in one line, not a traceback through the barrier:
+
+    nbddp: stopped: another rank ended while this one waited for it (RuntimeError: [...] Connection closed by peer ...)
+
 An error whose cause under DDP (or on an offline machine) is known gets a line saying what to do (`HINTS`), and so
 does a missing package (`missing_module_hint`: export leaves out the notebook's `!pip install` cell):
 
@@ -45,6 +50,10 @@ HINTS = (
      "point the notebook at a local folder, or unset HF_HUB_OFFLINE"),
 )
 
+
+# What a rank's collective raises when a peer's process ended (gloo's tcp transport, pair.cc); the orchestration's
+# failure report reads the same words (nbddp.orchestration.failure_report.LOST_PEER).
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 
 # Import names of packages that run on CUDA GPUs alone, and what the notebook asked of them.
 GPU_ONLY = {"vllm": "vLLM (Unsloth's fast_inference=True, TRL's use_vllm, vllm.SamplingParams for "
@@ -106,6 +115,8 @@ def _gloo_group_exists() -> bool:
 def format_report(exc_type, exc, tb, script: str) -> str:
     if issubclass(exc_type, NbddpError):
         text = _bad_input_paragraph(exc, tb, script)
+    elif any(words in str(exc) for words in LOST_PEER):
+        text = _lost_peer_paragraph(exc_type, exc, tb, script)
     else:
         lines = traceback.format_exception(exc_type, exc, tb)
         origin_line = _origin_line(tb, script)
@@ -141,6 +152,17 @@ def write_error_file(exc_type, exc, report: str) -> None:
 def _bad_input_paragraph(exc, tb, script: str) -> str:
     """The error's own message, then where the script raised it (no traceback: the message says what to fix)."""
     text = f"nbddp: error: {exc}\n"
+    origin_line = _origin_line(tb, script)
+    if origin_line:
+        text += "  " + origin_line.removeprefix("nbddp: ") + "\n"
+    return text
+
+
+def _lost_peer_paragraph(exc_type, exc, tb, script: str) -> str:
+    """A rank whose collective failed because another rank's process ended: where it waited, not a traceback (the
+    other rank's report says why; `pipeline.py launch` names that rank first)."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"nbddp: stopped: another rank ended while this one waited for it ({exc_type.__name__}: {message})\n"
     origin_line = _origin_line(tb, script)
     if origin_line:
         text += "  " + origin_line.removeprefix("nbddp: ") + "\n"
