@@ -2,8 +2,9 @@
 
 torchrun's agent prints its failure summary (which rank failed, its exit code or signal, its error file) on
 stderr and nowhere else; `failure_report` reads it from the kept end. The workers inherit the same stderr, so
-the end holds their last lines too; it is bounded, because training can print for days. A SIGINT or SIGTERM
-stops torchrun and its workers (`stopping`); the console then no longer echoes their shutdown.
+the end holds their last lines too; it is bounded, because training can print for days. Their stdin is
+/dev/null. A SIGINT or SIGTERM stops torchrun and its workers (`stopping`); the console then no longer echoes
+their shutdown.
 """
 
 import codecs
@@ -21,7 +22,9 @@ DRAIN_S = 10  # after torchrun exits: a worker it orphaned may hold the pipe ope
 def run(command, env):
     """Run `command`; returns (exit status, the last KEEP_CHARS characters of its stderr). Raises
     stopping.Interrupted, once it has exited, when a signal stopped it."""
-    with stopping.child(command, env=env, stderr=subprocess.PIPE) as (process, stop):
+    # stdin /dev/null: a worker that reads it (what export cannot see) gets end-of-file, never the terminal's or a
+    # pipe's input, which no rank could answer and every rank would wait for.
+    with stopping.child(command, env=env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE) as (process, stop):
         tail, echoed = [], ["\n"]
         copier = threading.Thread(target=_copy, args=(process.stderr.fileno(), tail, stop, echoed), daemon=True)
         copier.start()

@@ -137,3 +137,20 @@ def test_the_generated_script_trains_as_a_two_node_job(tmp_path):
     assert "world_size=2" in "".join(output for _, output in results)
     assert [record["step"] for record in metric_lines(tmp_path / "out" / "metrics.jsonl")] == [1, 2]
     assert (tmp_path / "out" / "lora_adapter" / "adapter_config.json").exists()
+
+
+def test_the_workers_read_end_of_file_not_the_terminals_input(tmp_path):
+    # An open pipe on pipeline.py's stdin, never written to or closed: a worker reading it would wait forever.
+    script = tmp_path / "reads_stdin.py"
+    script.write_text("import os, sys\nprint(f\"rank {os.environ['RANK']} read {sys.stdin.readline()!r}\", flush=True)\n")
+    command = [sys.executable, "pipeline.py", "launch", "--nproc-per-node", "2", "--script", str(script)]
+    with subprocess.Popen(command, cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as process:
+        try:
+            status = process.wait(timeout=120)
+        finally:
+            process.terminate()  # pipeline.py stops torchrun and its workers, and waits for them
+            process.wait(timeout=60)
+        output = process.stdout.read()
+    assert status == 0
+    assert "rank 0 read ''" in output and "rank 1 read ''" in output

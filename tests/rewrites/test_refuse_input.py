@@ -33,3 +33,39 @@ def test_other_inputs_pass():
         model.get_input_embeddings()
         """,
     )
+
+
+@pytest.mark.parametrize("source, message", [
+    ("import builtins\nrepo = builtins.input('repo: ')\n", "builtins.input() waits for an answer typed at the terminal"),
+    ("x = __builtins__.input()\n", "__builtins__.input() waits for an answer typed at the terminal"),
+    ("import sys\nline = sys.stdin.readline()\n", "sys.stdin.readline() waits for standard input, the terminal's"),
+    ("import sys\ndata = sys.stdin.read()\n", "sys.stdin.read() waits for standard input"),
+    ("from sys import stdin\nrows = stdin.readlines()\n", "stdin.readlines() waits for standard input"),
+    ("import sys\nraw = sys.stdin.buffer.read(10)\n", "sys.stdin.buffer.read() waits for standard input"),
+    ("import sys\nx = sys.__stdin__.readline()\n", "sys.__stdin__.readline() waits for standard input"),
+    ("import sys\nfor line in sys.stdin:\n    print(line)\n", "`for ... in sys.stdin` waits for standard input"),
+    ("from getpass import getpass\ntoken = getpass('HF token: ')\n", "getpass() waits for a secret typed at the terminal"),
+    ("import getpass\ntoken = getpass.getpass()\n", "getpass.getpass() waits for a secret typed at the terminal"),
+])
+def test_every_way_to_wait_for_standard_input_stops_the_export(source, message):
+    line = 1 if source.startswith("x = __builtins__") else 2
+    with pytest.raises(NotebookError) as refused:
+        apply(source, LOCATION)
+    assert str(refused.value).startswith(f"notebooks/02_train.ipynb, cell 4, line {line}: {message}")
+    assert "every rank would wait forever\n  hint: " in str(refused.value)
+    assert ("environment variable" in str(refused.value)) == ("getpass" in message)
+
+
+def test_other_reads_and_streams_pass():
+    assert_unchanged(
+        RefuseInput,
+        """\
+        import sys
+        sys.stdout.write("x")
+        text = open("data.txt").read()
+        lines = sys.stdin.isatty()
+        for line in open("data.txt"):
+            pass
+        passwords = config.getpass
+        """,
+    )
