@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from bench import experiments as plan
-from bench.flops import flops_per_token
+from nbddp.runtime.reporting.utilization import flops_per_token
 from bench.materialize import shape_config
 from bench.memory_model import choose_checkpointing
 from bench.stats import paired_ratios, summarize

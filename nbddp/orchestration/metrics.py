@@ -17,6 +17,8 @@ class Metrics:
     peak_mem_gib: list
     batch_plan: dict | None = None  # the last `{"event": "batch_plan"}` record: how the processes shared the batch
     train_runtime_s: float | None = None  # the last `{"event": "end"}` record's: Trainer's train() time
+    mfu: list = ()  # the step records' model FLOPs utilisation (on a GPU)
+    utilization: dict | None = None  # the last `{"event": "utilization"}` record: the GPU's rate, the convention
 
     @property
     def final_train_loss(self):
@@ -31,6 +33,10 @@ class Metrics:
     def median_tokens_per_s(self):
         # The median ignores the slow first step (compilation, warm-up).
         return statistics.median(self.tokens_per_s) if self.tokens_per_s else None
+
+    @property
+    def median_mfu(self):
+        return statistics.median(self.mfu) if self.mfu else None
 
     @property
     def max_peak_mem_gib(self):
@@ -48,11 +54,13 @@ def read_metrics(path):
     plans = metrics.events(records, "batch_plan")
     runtimes = [record["train_runtime"] for record in metrics.events(records, "end")
                 if isinstance(record.get("train_runtime"), (int, float))]
+    rates = metrics.events(records, "utilization")
     return Metrics([(record["step"], record["loss"]) for record in steps],
                    [(record["step"], record["eval_loss"]) for record in evals],
                    _numbers(record.get("tokens_per_s") for record in steps),
                    _numbers(record.get("peak_mem_gib") for record in steps),
-                   plans[-1] if plans else None, float(runtimes[-1]) if runtimes else None)
+                   plans[-1] if plans else None, float(runtimes[-1]) if runtimes else None,
+                   _numbers(record.get("mfu") for record in steps), rates[-1] if rates else None)
 
 
 def last_trainer_state(output_dir):

@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.flops import flops_per_token, mfu, parameter_counts
+from nbddp.runtime.memory.memory_estimate import parameter_counts
+from nbddp.runtime.reporting.utilization import flops_per_token, mfu
 
 CONFIGS = Path(__file__).resolve().parents[2] / "bench" / "configs"
 TINY = Path(__file__).resolve().parents[2] / "models" / "tiny-llama" / "config.json"

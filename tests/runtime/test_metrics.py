@@ -1,4 +1,5 @@
 import json
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -47,6 +48,7 @@ def test_rank_zero_writes_steps_evals_and_end(tmp_path):
     assert step["tokens"] == 10 and step["tokens_per_s"] > 0 and step["time_s"] >= 0 and step["peak_mem_gib"] > 0
     assert set(step) == {"step", "loss", "learning_rate", "tokens", "tokens_per_s", "peak_mem_gib", "time_s"}
     assert evaluation == {"event": "eval", "step": 5, "eval_loss": 2.4}
+    assert time.time() - 60 < end.pop("ended_at") <= time.time()  # where `run` splits its wall time
     assert end == {"event": "end", "step": 10, "train_runtime": 3.5, "train_loss": 2.3}
     assert not hasattr(args, "include_num_input_tokens_seen")  # Trainer's per-batch count is left off
 
@@ -147,3 +149,34 @@ def test_a_training_run_that_raised_is_not_counted_twice_by_the_next(tmp_path):
     model(input_ids=torch.ones(1, 7, dtype=torch.long))
     callback.on_log(args, state(True, 1), control, logs={"loss": 1.0})
     assert [record["tokens"] for record in records(tmp_path / "metrics.jsonl")] == [7]
+
+
+def test_on_a_gpu_each_step_record_carries_its_model_flops_utilization(tmp_path, monkeypatch):
+    from nbddp.runtime.reporting import metrics as reporting_metrics
+    from nbddp.runtime.reporting import utilization
+
+    config = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+              "vocab_size": 120}
+    peak = {"device": "a GPU", "median_flops_per_s": 1e9}
+    monkeypatch.setattr(reporting_metrics, "_flops_basis", lambda model, device: (config, 8, peak))
+    path = tmp_path / "metrics.jsonl"
+    args = SimpleNamespace(device=torch.device("cpu"), per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                           world_size=1)
+    simulate(MetricsCallback(path), is_world_process_zero=True, args=args)
+    basis, step, *_ = records(path)
+    assert basis == {"event": "utilization", "device": "a GPU", "peak_flops_per_s": 1e9,
+                     "convention": utilization.CONVENTION}
+    # 10 tokens in 5 steps of 2 rows: rows of 1 token
+    expected = step["tokens_per_s"] * utilization.flops_per_token(config, 1.0, 8) / 1e9
+    assert step["mfu"] == pytest.approx(expected, rel=1e-9) and step["mfu"] > 0
+
+
+def test_no_utilization_off_a_gpu_or_without_llama_widths():
+    from nbddp.runtime.reporting.metrics import _flops_basis
+
+    llama = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: {
+        "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
+        "vocab_size": 120}))
+    assert _flops_basis(llama, torch.device("cpu")) is None
+    vision = SimpleNamespace(config=SimpleNamespace(to_dict=lambda: {"text_config": {"hidden_size": 64}}))
+    assert _flops_basis(vision, torch.device("cuda", 0)) is None

@@ -12,7 +12,11 @@ docs/performance.md.)
 `MetricsCallback()` without a path writes to the trainer's `<args.output_dir>/metrics.jsonl`: what the rewrite
 record-metrics adds (as `ddp.metrics_callback()`) to a trainer that a notebook built without callbacks.
 
-On rank 0 it also adds `tokens_per_s`, `peak_mem_gib` and (with a batch plan) `global_batch` to the Trainer's
+On a GPU, rank 0 measures its matmul rate when training starts and each step record carries `mfu`, the model FLOPs
+of its tokens over that rate (nbddp.runtime.reporting.utilization says the convention; a `utilization` record holds
+the rate), for a Llama-style model.
+
+On rank 0 it also adds `tokens_per_s`, `peak_mem_gib`, `mfu` and (with a batch plan) `global_batch` to the Trainer's
 training logs, for the callbacks that come after it: `nbddp.runtime.trainer.trainer_patches` puts it before the
 reporting ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show them beside Transformers' own
 scalars, and `TrainingProgress` (nbddp.runtime.reporting.progress) shows tokens/s. The Trainer's `log_history` does
@@ -28,8 +32,9 @@ from transformers import TrainerCallback
 
 from nbddp.formats import metrics
 from nbddp.runtime.memory import batch_plan
+from nbddp.runtime.reporting import utilization
 
-LOGGED = ("tokens_per_s", "peak_mem_gib")  # added to the training log, for the callbacks after this one
+LOGGED = ("tokens_per_s", "peak_mem_gib", "mfu")  # added to the training log, for the callbacks after this one
 
 
 class MetricsCallback(TrainerCallback):
@@ -38,13 +43,15 @@ class MetricsCallback(TrainerCallback):
         self._started = self._last_time = 0.0
         self._tokens = None  # a device tensor: tokens counted since the last logged step, on this rank
         self._hook = None
+        self._flops = None  # rank 0 on a GPU: (model config, LoRA rank, measured matmul FLOP/s) for MFU
+        self._last_step = 0
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self._hook is not None:  # a train() that raised never reached on_train_end: count once, not twice
             self._hook.remove()
         self._tokens = torch.zeros((), dtype=torch.int64, device=args.device)
         self._hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
-        self._started = self._last_time = time.perf_counter()
+        self._last_step = state.global_step
         if self.path is None:
             self.path = Path(args.output_dir) / metrics.METRICS_FILE
         if state.is_world_process_zero:  # one file per training run
@@ -52,6 +59,13 @@ class MetricsCallback(TrainerCallback):
             plan = batch_plan.of(args)  # made by ddp.training_args; None for other arguments
             if plan is not None:
                 metrics.append(self.path, {"event": "batch_plan", **plan.as_record(), "text": plan.describe()})
+            self._flops = _flops_basis(model, args.device)
+            if self._flops is not None:
+                peak = self._flops[2]
+                metrics.append(self.path, {"event": "utilization", "device": peak["device"],
+                                           "peak_flops_per_s": peak["median_flops_per_s"],
+                                           "convention": utilization.CONVENTION})
+        self._started = self._last_time = time.perf_counter()  # after the measurement: not a training second
 
     def on_train_end(self, args, state, control, **kwargs):
         self._hook.remove()
@@ -71,10 +85,10 @@ class MetricsCallback(TrainerCallback):
         if logs and "loss" in logs:  # every rank logs the training loss at the same steps: sum the count here
             tokens = self._take_tokens()
             if state.is_world_process_zero:
-                record = self._step_record(state, logs, tokens)
+                record = self._step_record(state, logs, tokens, args)
                 metrics.append(self.path, record)
                 plan = batch_plan.of(args)
-                logs.update({name: record[name] for name in LOGGED if record[name] is not None})
+                logs.update({name: record[name] for name in LOGGED if record.get(name) is not None})
                 if plan is not None:
                     logs["global_batch"] = plan.global_batch
         elif not state.is_world_process_zero or not logs:
@@ -82,7 +96,7 @@ class MetricsCallback(TrainerCallback):
         elif "eval_loss" in logs:
             metrics.append(self.path, {"event": "eval", "step": state.global_step, "eval_loss": logs["eval_loss"]})
         elif "train_runtime" in logs:
-            metrics.append(self.path, {"event": "end", "step": state.global_step, **logs})
+            metrics.append(self.path, {"event": "end", "step": state.global_step, **logs, "ended_at": time.time()})
 
     def _take_tokens(self) -> int:
         counted = self._tokens.clone()
@@ -91,11 +105,12 @@ class MetricsCallback(TrainerCallback):
             dist.all_reduce(counted)
         return int(counted.item())
 
-    def _step_record(self, state, logs, tokens) -> dict:
+    def _step_record(self, state, logs, tokens, args) -> dict:
         now = time.perf_counter()
         elapsed = now - self._last_time
-        self._last_time = now
-        return {
+        steps = state.global_step - self._last_step
+        self._last_time, self._last_step = now, state.global_step
+        record = {
             "step": state.global_step,
             "loss": logs["loss"],
             "learning_rate": logs.get("learning_rate"),
@@ -104,6 +119,34 @@ class MetricsCallback(TrainerCallback):
             "peak_mem_gib": _peak_memory_gib(),
             "time_s": now - self._started,
         }
+        if self._flops is not None and elapsed > 0 and steps > 0 and tokens > 0:
+            config, lora_r, peak = self._flops
+            rows = steps * _global_batch(args)
+            per_gpu = tokens / elapsed / args.world_size
+            flops = utilization.flops_per_token(config, tokens / rows, lora_r)
+            record["mfu"] = utilization.mfu(per_gpu, flops, peak["median_flops_per_s"])
+        return record
+
+
+def _flops_basis(model, device):
+    """(the model's config as a dict, its LoRA rank, this GPU's measured matmul rate), or None off a GPU or for a
+    model whose config has no Llama-style widths (a vision-language model's nested text config, a mixture of
+    experts): what the step records' MFU needs."""
+    config = model.config.to_dict() if hasattr(model, "config") else {}
+    widths = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+    if device.type != "cuda" or not all(isinstance(config.get(key), int) for key in widths):
+        return None
+    peft = getattr(model, "peft_config", None) or {}
+    lora_r = next((c.r for c in peft.values() if isinstance(getattr(c, "r", None), int)), 0)
+    return config, lora_r, utilization.measure_matmul_peak(device)
+
+
+def _global_batch(args) -> int:
+    """Rows per optimizer step over all processes: the batch plan's, else the arguments' own."""
+    plan = batch_plan.of(args)
+    if plan is not None:
+        return plan.global_batch
+    return args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
 
 
 def _peak_memory_gib() -> float:
