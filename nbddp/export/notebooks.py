@@ -64,7 +64,10 @@ def read_stages(directory, relative_to=None) -> list[Stage]:
                             hint=f"put it in a folder as a stage: mkdir my_notebooks && cp '{directory}' "
                                  "my_notebooks/01_finetune.ipynb, then --notebooks my_notebooks")
     if not directory.is_dir():
-        raise NotebookError(directory.as_posix(), "the notebook directory does not exist")
+        raise NotebookError(directory.as_posix(), f"no such folder ({directory.absolute()})",
+                            hint="export reads the stage notebooks (01_name.ipynb, ...) from there: run nbddp in your "
+                                 "project's folder, start a project with `nbddp new my-project`, or name the "
+                                 "notebooks' folder: `nbddp export --notebooks PATH`")
     paths = sorted(directory.glob(STAGE_GLOB), key=lambda path: path.name)
     for path in paths:
         if not path.is_file():

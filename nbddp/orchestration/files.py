@@ -1,11 +1,13 @@
 """Result files are written whole or not at all: to a temp file beside the target, then os.replace. And `shown`:
-a path as messages name it."""
+a path as messages name it; `require_script`: the generated script a command runs, or what to do without one."""
 
 import contextlib
 import json
 import os
 import uuid
 from pathlib import Path
+
+from nbddp.errors import UsageError
 
 
 @contextlib.contextmanager
@@ -35,3 +37,16 @@ def shown(path) -> str:
     """`path` from the working directory when it lies below it (`runs/...`), else absolute."""
     path = Path(path).absolute()
     return os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def require_script(script) -> None:
+    """UsageError unless the generated `script` is a file: export it first, or, in a folder without notebooks/ (not
+    a project's), name the folder and how to get a project: `nbddp new`, or `export --notebooks` elsewhere."""
+    if Path(script).is_file():
+        return
+    if Path("notebooks").is_dir():
+        raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
+    raise UsageError(f"--script {script}: no such file, and no notebooks/ folder either in {Path.cwd()}, which is no "
+                     "nbddp project's folder: cd into yours, start one with `nbddp new my-project` (then cd "
+                     "my-project && nbddp run), or export notebooks kept elsewhere: `nbddp export --notebooks PATH` "
+                     "(then `nbddp run` here)")

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.orchestration import devices, environment, failure_report, hang_watch, parameters, stderr_tail, stopping
+from nbddp.orchestration import (devices, environment, failure_report, files, hang_watch, parameters, stderr_tail,
+                                 stopping)
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
@@ -159,14 +160,14 @@ def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOpti
     """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status.
     `overrides`: `--set NAME=VALUE` lines, checked first, for the workers' NBDDP_SET; `batch_layout` and
     `strategy`: the script's `--batch_layout` and `--strategy` (None: its default)."""
+    parameters.check_script_flag_paths(script, script_args)
     extra_env = parameters.checked_overrides_environment(overrides)
     script_args = [*script_args, *parameters.batch_layout_flags(batch_layout), *parameters.strategy_flags(strategy)]
     plan = plan_launch(script, script_args, options, log_dir, extra_env=extra_env)
     if dry_run:
         print(f"would run: {plan.describe()}", flush=True)
         return 0
-    if not Path(script).is_file():
-        raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
+    files.require_script(script)
     log.logger.info(f"launch: {plan.describe()}")
     return execute(plan)
 

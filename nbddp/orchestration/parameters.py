@@ -8,6 +8,7 @@ GPU), and reach the children as the NBDDP_SET environment variable.
 """
 
 import difflib
+import glob
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from nbddp.errors import NbddpError, NotebookError, UsageError
-from nbddp.formats.parameters import ParametersCellError, checked, read_cell, typed
+from nbddp.formats.parameters import ParametersCellError, checked, read_cell, read_script, typed
 from nbddp.formats.script_parameters import (  # nbddp's own, in every script
     BATCH_LAYOUT, NBDDP_PARAMETERS, STRATEGIES, STRATEGY, WORKDIR)
 from nbddp.orchestration import environment
@@ -49,6 +50,48 @@ def with_absolute_paths(script, defaults, values):
     if isinstance(values.get("output_dir"), str):
         values["output_dir"] = os.path.normpath(os.path.join(cells or os.getcwd(), values["output_dir"]))
     return values
+
+
+def check_paths(script, defaults, values, labels=None):
+    """UsageError for a relative path among `values` (the user's parameters for `script`) that names nothing from
+    the folder where the cells run and read it from (the notebooks', the script's `workdir`) but names something
+    from this process's working directory: the user meant that one, and the message spells it from the cells'
+    folder. `labels`: {name: how the user gave it}, `-p NAME` by default (`-f FILE: NAME`, `--NAME`)."""
+    workdir = values.get(WORKDIR, defaults.get(WORKDIR, ""))
+    cells = working_directory.folder(workdir, script) if workdir else os.getcwd()
+    for name, value in values.items():
+        if name == WORKDIR or not isinstance(value, str) or not value or os.path.isabs(value):
+            continue
+        if _names_something(os.path.join(cells, value)) or not _names_something(value):
+            continue
+        spelled = os.path.relpath(os.path.abspath(value), cells)
+        label = (labels or {}).get(name, f"-p {name}")
+        source, _, _ = label.partition(": ")
+        fix = f"write `{name}: {spelled}` in {source.removeprefix('-f ')}" if label.startswith("-f ") else \
+            f"use {label} {spelled}"
+        raise UsageError(f"{label} {value}: the cells run in {cells} (the notebooks' folder) and read a relative path "
+                         f"from there, where {value} names nothing; the {value} in {os.getcwd()} is {spelled} from "
+                         f"there: {fix} (or an absolute path)")
+
+
+def check_script_flag_paths(script, script_args):
+    """`check_paths` for the script's own `--NAME VALUE` flags that launch passes on (`-- --data_path x.jsonl`);
+    nothing for a script that cannot be read (launch reports that)."""
+    try:
+        defaults = {parameter.name: parameter.default for parameter in read_script(script)}
+    except (OSError, ParametersCellError):
+        return
+    values = {}
+    for index, word in enumerate(script_args):
+        name, equals, text = word.removeprefix("--").partition("=")
+        if word.startswith("--") and name in defaults and (equals or index + 1 < len(script_args)):
+            values[name] = text if equals else script_args[index + 1]
+    check_paths(script, defaults, values, {name: f"--{name}" for name in values})
+
+
+def _names_something(path):
+    """A file or folder is at `path`, or, for a glob pattern (a data file's `data/*.jsonl`), it matches one."""
+    return os.path.exists(path) or (glob.has_magic(path) and bool(glob.glob(path)))
 
 
 def project_folder(values):

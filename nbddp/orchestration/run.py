@@ -48,8 +48,8 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`, `strategy`) go to torchrun and
     (but for the run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both,
     as NBDDP_SET."""
+    notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout, strategy)  # in 2 s
     check_export_fresh(script)
-    notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout, strategy)
     user = parameters.with_absolute_paths(script, defaults, user)
     overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)

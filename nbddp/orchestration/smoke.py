@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp import log
-from nbddp.errors import UsageError
 from nbddp.formats.metrics import METRICS_FILE
 from nbddp.orchestration import (devices, files, launch, layout_check, notebook_run, parameters, project_changes,
                                  stopping)
@@ -65,13 +64,15 @@ def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeou
 
 def user_parameters(script, flags=(), params_file=None, batch_layout=None, strategy=None):
     """The script as a notebook, its parameter defaults, and the user's typed overrides (-f, then -p, then
-    --batch-layout and --strategy)."""
-    if not Path(script).is_file():
-        raise UsageError(f"--script {script}: no such file (run `python pipeline.py export` first)")
+    --batch-layout and --strategy); a relative path among them that the cells would not find is refused
+    (parameters.check_paths)."""
+    files.require_script(script)
     notebook = notebook_run.to_notebook(script)
     defaults = parameters.read_defaults(notebook, script)
     file_values = parameters.load_parameter_file(params_file) if params_file else None
     user = parameters.resolve(defaults, file_values, flags, file_label=f"-f {params_file}")
+    labels = {name: f"-f {params_file}: {name}" for name in file_values or {}} | {name: f"-p {name}" for name, _ in flags}
+    parameters.check_paths(script, defaults, user, labels)
     user = parameters.with_batch_layout(defaults, user, batch_layout)
     return notebook, defaults, parameters.with_strategy(defaults, user, strategy)
 
