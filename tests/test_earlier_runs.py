@@ -83,6 +83,32 @@ def test_a_metrics_line_that_is_not_utf8_neither_stops_a_resume_nor_its_report(e
     assert_no_nbddp_traceback(result.stderr)
 
 
+ADAPTER_CONFIG = "lora_adapter/adapter_config.json"
+
+
+def test_resuming_a_finished_run_says_so_and_trains_nothing(finished, earlier):
+    before = digest(earlier)
+    result = launch(earlier, "--max_steps", "4", "--resume", "true")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"nbddp: {earlier / 'checkpoint-4'} (step 4) is where this training ends (max_steps is 4): nothing left " \
+           "to train. Loaded its weights; the script goes on after training." in result.stdout
+    assert "held-out loss after 4 steps: " in result.stdout  # the notebook's cells after training ran
+    assert "nbddp: step 5" not in result.stdout
+    after = digest(earlier)
+    # the same files, bar TensorBoard's new event file, the held-out loss the notebook's evaluate() logs once more,
+    # and PEFT's adapter_config.json, whose target_modules (a set) come in another order
+    kept = {name for name in after if not name.startswith("runs/")} - {"metrics.jsonl", ADAPTER_CONFIG}
+    assert {name: after[name] for name in kept} == {name: before[name] for name in kept}  # the adapter's weights too
+    config = [json.loads((earlier / ADAPTER_CONFIG).read_text()), json.loads((finished / ADAPTER_CONFIG).read_text())]
+    assert [{**c, "target_modules": sorted(c["target_modules"])} for c in config][0] == \
+           [{**c, "target_modules": sorted(c["target_modules"])} for c in config][1]
+    lines = (earlier / "metrics.jsonl").read_text().splitlines()
+    assert lines[:-1] == (finished / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["event"] == "eval"
+    assert [c.step for c in checkpoint_markers.complete_checkpoints(earlier)] == [2, 4]
+    assert_no_nbddp_traceback(result.stderr)
+
+
 def damage_marker(checkpoint):
     marker = (checkpoint / MARKER).read_bytes()
     (checkpoint / MARKER).write_bytes(marker[:len(marker) // 2])  # the data files stay intact

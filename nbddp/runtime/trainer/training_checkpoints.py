@@ -13,7 +13,9 @@ The wrapped methods:
   its trainers in the same order every time it runs, so each one resumes its own.
 - `train`: `resume_from_checkpoint=True`, as a notebook may write it, means the trainer's last complete checkpoint
   (`resume_point`), or a fresh start and a line saying so; Transformers' own choice, the highest-numbered
-  directory, may be half-written or another run's. A fresh run (nothing to resume from) then gets a new run id,
+  directory, may be half-written or another run's. A checkpoint where the training ends (max_steps reached: a
+  finished run resumed) is loaded and nothing trained, with a line saying so (`_finished`); Transformers would
+  train a step past max_steps and write another checkpoint. A fresh run (nothing to resume from) then gets a new run id,
   and rank 0 moves the checkpoints its folder holds aside (`checkpoint_markers.move_aside`), saying where; a
   resumed run keeps the run id of its checkpoint. Moved aside rather than refused: re-running a notebook whose
   output_dir is a fixed "outputs" is what researchers do, and it should train, while the earlier run's
@@ -38,7 +40,9 @@ import os
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 from transformers import trainer as transformers_trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import TrainerState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from nbddp import log
 from nbddp.formats import checkpoint_markers
@@ -144,10 +148,44 @@ def _resume_marked(original):
             if resume_from_checkpoint is True:
                 world_size = dist.get_world_size() if dist.is_initialized() else 1
                 resume_from_checkpoint = resume_point(self, "resume_from_checkpoint=True", world_size)
+            # FSDP loads a checkpoint into the wrapped model only, inside train(): left to Transformers.
+            if resume_from_checkpoint and not self.is_fsdp_enabled and _finished(self, resume_from_checkpoint):
+                return _load_finished(self, resume_from_checkpoint)
             _begin_run(self, callback, resume_from_checkpoint or None)
         return original(self, resume_from_checkpoint, *args, **kwargs)
 
     return train
+
+
+def _finished(trainer, checkpoint) -> bool:
+    """Whether `checkpoint` (a path) is where `trainer`'s training ends: its step has reached max_steps, or (without
+    max_steps) the steps of as many epochs as this trainer's. Transformers would train one step past it."""
+    path = os.path.join(checkpoint, TRAINER_STATE_NAME)
+    if not os.path.isfile(path):
+        return False
+    state = TrainerState.load_from_json(path)
+    if trainer.args.max_steps > 0:
+        return state.global_step >= trainer.args.max_steps
+    return state.global_step >= state.max_steps > 0 and trainer.args.num_train_epochs <= state.num_train_epochs
+
+
+def _load_finished(trainer, checkpoint) -> TrainOutput:
+    """Train nothing: load `checkpoint`'s weights and state, so that what the notebook does after training
+    (evaluate, save the adapter, generate) has the trained model, and say so. The training loss returned is the
+    mean of the losses the run logged (Trainer's own, the mean over all steps, was not saved)."""
+    trainer._load_from_checkpoint(checkpoint)
+    trainer.state = TrainerState.load_from_json(os.path.join(checkpoint, TRAINER_STATE_NAME))
+    # as train() does: the saved state is rank 0's, and callbacks write only where these say so
+    trainer.state.is_local_process_zero = trainer.is_local_process_zero()
+    trainer.state.is_world_process_zero = trainer.is_world_process_zero()
+    if trainer.is_world_process_zero():
+        limit = f"max_steps is {trainer.args.max_steps}" if trainer.args.max_steps > 0 else \
+            f"num_train_epochs is {trainer.args.num_train_epochs:g}"
+        log.info(f"nbddp: {checkpoint} (step {trainer.state.global_step}) is where this training ends ({limit}): "
+                 "nothing left to train. Loaded its weights; the script goes on after training. Raise --max_steps "
+                 "to train further")
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return TrainOutput(trainer.state.global_step, sum(losses) / len(losses) if losses else 0.0, {})
 
 
 def _unmark_first(original):
