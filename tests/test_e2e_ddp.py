@@ -10,6 +10,10 @@
 - a notebook written in Unsloth's style (tests/fixtures/unsloth_style) exports with the expected rewrites and runs.
 
 Saves are counted by tests/fixtures/e2e/sitecustomize.py, which every process of a run imports at start-up.
+
+The first two tests are the default tier's proof of these guarantees (one print, one save, per-step loss parity of
+1 and 2 processes at the same global batch, the plan line); they read one pair of reference runs started in the
+background (tests/conftest.py). The rest are e2e.
 """
 import importlib.util
 import json
@@ -24,14 +28,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SAVE_HOOK = REPO / "tests" / "fixtures" / "e2e" / "sitecustomize.py"
 # A few steps, the held-out loss only before and after training, on a few rows: each run takes seconds of training.
+# (The reference runs use these, with --warmup_steps 0: tests/fixtures/e2e/reference_runs.py.)
 FEW_STEPS = ["--max_steps", "4", "--eval_steps", "100", "--eval_rows", "16"]
 
 _spec = importlib.util.spec_from_file_location("pipeline", REPO / "pipeline.py")
 pipeline = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(pipeline)
-
-pytestmark = pytest.mark.e2e
-
 
 def run_script(script, *flags, nproc, cwd=REPO, env=None):
     """`script` on `nproc` torchrun processes, or as plain `python script` when nproc is None."""
@@ -81,20 +83,24 @@ def example_script(tmp_path_factory):
     return out / "train.py"
 
 
-def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_trained_model(example_script, save_hook,
-                                                                                       tmp_path):
-    output_dir = tmp_path / "out"
-    logits_path = tmp_path / "trained_logits.pt"
-    env = {**save_hook["env"], "NBDDP_E2E_LOGITS": str(logits_path)}
-    # warmup 0: the adapters move from their zero start by the first step, so they change the logits visibly
-    result = run_script(example_script, *FEW_STEPS, "--warmup_steps", "0", "--output_dir", str(output_dir),
-                        nproc=2, env=env)
+def reference_output(runs, name):
+    """What a reference run ("one": 1 process, "two": 2 torchrun processes) printed, stdout then stderr."""
+    result = json.loads((runs / "results.json").read_text())[name]
+    return result["stdout"] + result["stderr"]
 
-    output = result.stdout + result.stderr
+
+# The default tier's two tests read the same reference runs (tests/conftest.py, tests/fixtures/e2e/reference_runs.py):
+# the exported script with FEW_STEPS and warmup 0 on 1 process (one/) and on 2 processes (two/, saves recorded).
+
+
+def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_trained_model(ddp_reference_runs):
+    output_dir = ddp_reference_runs / "two"
+    output = reference_output(ddp_reference_runs, "two")
     assert output.count("nbddp: backend=") == 1 and "world_size=2" in output
     assert output.count("held-out loss after 4 steps: ") == 1
     assert output.count(f"saved the adapters and tokenizer to {output_dir}/lora_adapter") == 1
-    assert save_hook["log"].read_text().splitlines() == [f"0 {output_dir}/lora_adapter"]  # once, by rank 0
+    saves = (ddp_reference_runs / "saves.log").read_text().splitlines()
+    assert saves == [f"0 {output_dir}/lora_adapter"]  # once, by rank 0
     assert sorted(losses(output_dir)) == [1, 2, 3, 4]
 
     import torch
@@ -103,7 +109,7 @@ def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_traine
 
     from nbddp.runtime.backends.tiny_model import ensure_weights
 
-    trained = torch.load(logits_path)
+    trained = torch.load(ddp_reference_runs / "trained_logits.pt")
     base_path = ensure_weights(str(REPO / "models" / "tiny-llama"))
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     with torch.no_grad():
@@ -114,24 +120,22 @@ def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_traine
     torch.testing.assert_close(loaded_logits, trained["logits"], rtol=1e-5, atol=1e-5)
 
 
-def test_two_processes_with_the_same_flags_log_the_losses_of_one_process(example_script, tmp_path):
+def test_two_processes_with_the_same_flags_log_the_losses_of_one_process(ddp_reference_runs):
     """No batch flag: the notebook's 4 rows x 2 micro batches per step on 1 process, kept on 2 processes as
     4 x 1 x 2 (the default `--batch_layout notebook`). Loss normalisation across ranks must make them equal.
 
     On one CPU they agree to the last bit; 1e-5 leaves room for other CPUs' rounding and still fails when each rank
     averages over its own tokens (average_tokens_across_devices=False)."""
-    flags = [*FEW_STEPS, "--warmup_steps", "0"]
-    run_script(example_script, *flags, "--output_dir", str(tmp_path / "one"), nproc=None)
-    result = run_script(example_script, *flags, "--output_dir", str(tmp_path / "two"), nproc=2)
-    assert_same_training(tmp_path / "one", tmp_path / "two")
-    output = result.stdout + result.stderr
+    assert_same_training(ddp_reference_runs / "one", ddp_reference_runs / "two")
+    output = reference_output(ddp_reference_runs, "two")
     plan = ("global batch 8 rows = 4 per device x 1 accumulation x 2 processes (the notebook: 4 x 2 x 1; "
             "--batch_layout notebook)")
     assert output.count(f"nbddp: SFTConfig: {plan}") == 1  # rank 0 says it, once
-    records = map(json.loads, (tmp_path / "two" / "metrics.jsonl").read_text().splitlines())
+    records = map(json.loads, (ddp_reference_runs / "two" / "metrics.jsonl").read_text().splitlines())
     assert [record["text"] for record in records if record.get("event") == "batch_plan"] == [plan]
 
 
+@pytest.mark.e2e
 def test_per_device_layout_is_classic_ddp(example_script, tmp_path):
     """`--batch_layout per-device`: each process runs the notebook's per-device settings (4 x 2), so 2 processes
     train the global batch of 1 process x accumulation 4, as every DDP script does."""
@@ -144,6 +148,7 @@ def test_per_device_layout_is_classic_ddp(example_script, tmp_path):
     assert_same_training(tmp_path / "one", tmp_path / "two")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("how", ["flags", "set"])
 def test_batch_values_on_the_command_line_are_per_process(example_script, tmp_path, how):
     """`--gradient_accumulation_steps 2` (or `--set`) on 2 processes is 2 per process, as in every Hugging Face
@@ -204,6 +209,7 @@ EXPECTED_UNSLOTH_STYLE_REWRITES = [
 ]
 
 
+@pytest.mark.e2e
 def test_an_unsloth_style_notebook_exports_and_trains_on_two_processes(save_hook, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     assert pipeline.main(["export", "--notebooks", "tests/fixtures/unsloth_style", "--out", str(tmp_path)]) == 0
