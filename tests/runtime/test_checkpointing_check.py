@@ -189,3 +189,25 @@ def test_other_ranks_give_no_tip(measured, capsys):
     FirstStepMemoryCheck(choice()).on_step_end(args(accumulation=4), SimpleNamespace(is_world_process_zero=False),
                                                None)
     assert capsys.readouterr().out == ""
+
+
+class Layerless(torch.nn.Module):
+    def forward(self, input_ids=None):
+        return input_ids
+
+
+@pytest.mark.parametrize("added_gib, warned", [(6.5, False), (0.8, True)])
+def test_step_one_says_when_its_memory_shows_another_mode(measured, monkeypatch, capsys, added_gib, warned):
+    """At 8B, 1,900 tokens in one micro batch keep about 6.3 GiB of activations with checkpointing off; a step that
+    adds 0.8 GiB recomputed or offloaded its layers whatever the flags say (seen under Unsloth on an H100)."""
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 10 * GIB)
+    measured(10 + added_gib, 30.0, 80.0)
+    check, model = FirstStepMemoryCheck(choice("off", micro_batch=8, seq_len=2048)), Layerless()
+    check.on_train_begin(args(batch=8), STATE, None, model=model)
+    model(input_ids=torch.ones(1, 1900, dtype=torch.long))
+    model.eval()
+    model(input_ids=torch.ones(1, 4000, dtype=torch.long))  # an evaluation batch: not training
+    check.on_step_end(args(batch=8), STATE, None)
+    out = capsys.readouterr().out
+    assert ("step 1 (its largest micro batch 1900 tokens) added 0.8 GiB, under 50% of the 6.3 GiB of activations "
+            "estimated with gradient checkpointing off: the layers still recompute or offload" in out) == warned

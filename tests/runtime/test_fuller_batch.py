@@ -193,10 +193,10 @@ def test_a_failed_probe_gives_unsloth_its_mode_back(patched_train, tiny_model_pa
     assert calls  # the notebook's layout, with its recompute
 
 
-def test_a_probe_that_adds_far_less_than_the_estimate_says_the_mode_is_not_in_force():
-    chosen = Candidate(8, "off", estimate_gib=37.4, activations_gib=27.0)
-    assert fuller_batch.mode_not_in_force(chosen, used_gib=20.0) is None
-    assert fuller_batch.mode_not_in_force(chosen, used_gib=None) is None  # no GPU figure
-    warning = fuller_batch.mode_not_in_force(chosen, used_gib=2.1)
+def test_a_step_that_adds_far_less_than_the_estimate_says_the_mode_is_not_in_force():
+    from nbddp.runtime.memory.gradient_checkpointing_check import mode_not_in_force
+
+    assert mode_not_in_force("off", "the probe step", used_gib=20.0, activations_gib=27.0) is None
+    warning = mode_not_in_force("off", "the probe step at micro batch 8", used_gib=2.1, activations_gib=27.0)
     assert warning.startswith("the probe step at micro batch 8 added 2.1 GiB, under 50% of the 27.0 GiB of "
                               "activations estimated with gradient checkpointing off: the layers still recompute")

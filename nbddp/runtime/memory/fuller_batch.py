@@ -33,6 +33,7 @@ from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.batch_plan import BatchPlan
 from nbddp.runtime.memory.gradient_checkpointing import (capacity_gib, checkpointed_modules, real_unsloth_imported,
                                                          smallest_over_ranks, switch_back, switch_off)
+from nbddp.runtime.memory.gradient_checkpointing_check import FirstStepMemoryCheck, mode_not_in_force
 from nbddp.runtime.memory.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
 from nbddp.runtime.rank import is_main_process
 
@@ -40,9 +41,6 @@ from nbddp.runtime.rank import is_main_process
 # more: the 1.1B shape at 8 x 2048 ran 1.39x the tokens/s of 4 x 2048 (bench/results/batch_1b.json).
 SATURATED_TOKENS = 16384
 MODE_COST = {"off": 0, "true": 1, "unsloth": 2}  # recompute work, cheapest first
-# A probe step that adds less than this share of the activations estimated for its mode does not run that mode
-# (estimate and measurement agreed within 30% where calibrated: memory_estimate).
-FAR_BELOW = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,21 +101,10 @@ def lay_out(trainer, plan: BatchPlan) -> None:
          f"(was {plan.micro_batch}, {current}): estimated {format_gib(chosen.estimate_gib)} GiB, this process's "
          f"peak after the probe {format_gib(peak_gib)} GiB{used} at the longest rows ({seq_len} tokens), budget "
          f"{budget:.1f} GiB; {new_plan.describe()}")
-    warning = mode_not_in_force(chosen, used_gib)
+    warning = None if used_gib is None else mode_not_in_force(chosen.mode, f"the probe step at micro batch "
+                                                            f"{chosen.micro_batch}", used_gib, chosen.activations_gib)
     if warning:
         _say(f"warning: {warning}")
-
-
-def mode_not_in_force(chosen: Candidate, used_gib: float | None) -> str | None:
-    """What to say when the probe's memory shows that `chosen.mode` is not the mode that ran: the step added less
-    than FAR_BELOW of the activations estimated for it, so layers still recompute or offload their inputs.
-    None when it agrees, or where there is no GPU memory figure (`used_gib` None)."""
-    if used_gib is None or used_gib >= FAR_BELOW * chosen.activations_gib:
-        return None
-    return (f"the probe step at micro batch {chosen.micro_batch} added {format_gib(used_gib)} GiB, under "
-            f"{FAR_BELOW:.0%} of the {format_gib(chosen.activations_gib)} GiB of activations estimated with gradient "
-            f"checkpointing {chosen.mode}: the layers still recompute or offload, so the mode in force is not "
-            f"{chosen.mode!r} and its step time and memory are not what this line says")
 
 
 def _decide(trainer, plan, rows, current, budget) -> tuple[str | None, Candidate | None]:
@@ -151,8 +138,6 @@ def _from_rank0(decision, device):
 
 def _update_checkpointing_choice(trainer, chosen) -> None:
     """The example notebooks' choose_gradient_checkpointing choice, and its first-step check, see the new layout."""
-    # imports transformers, like this caller
-    from nbddp.runtime.memory.gradient_checkpointing_check import FirstStepMemoryCheck
 
     choice = getattr(trainer.model, "nbddp_checkpointing", None)
     if choice is None:

@@ -26,6 +26,9 @@ from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.memory_estimate import GIB, estimate_peak, format_gib
 
 CLOSE_TO_LIMIT = 0.90  # reserved peak over this share of the GPU after step 1: little left for longer rows
+# A step that adds less than this share of the activations estimated for its tokens under a mode does not run that
+# mode: layers still recompute or offload (at 8B estimate and measurement agreed within 7%: docs/performance.md).
+FAR_BELOW = 0.5
 # What a fuller micro batch bought where it was measured (median of 2 pairs, bench/results/batch_1b.json): a
 # host-bound small model gains most, which the tip says rather than promising the same elsewhere.
 MEASURED_GAIN = "on a 1.1B model on an H200, micro batch 8 instead of 4 ran 1.39x the tokens/s (docs/performance.md)"
@@ -37,9 +40,15 @@ class FirstStepMemoryCheck(TrainerCallback):
         self.estimate_gib = choice.estimate_gib
         self.seq_len = choice.seq_len  # the trainer's, once on_train_begin has seen it
         self._checked = False
+        self._allocated_at_start = None  # on a GPU: bytes allocated when training began (weights, adapters)
+        self._longest = 0  # tokens of step 1's largest micro batch, padding included
+        self._hook = None
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
         choice = self.choice
+        if args.device.type == "cuda" and model is not None and not self._checked:
+            self._allocated_at_start = torch.cuda.memory_allocated(args.device)
+            self._hook = model.register_forward_pre_hook(self._count_tokens, with_kwargs=True)
         batch = args.per_device_train_batch_size
         seq_len = getattr(args, "max_length", None) or choice.seq_len  # SFTConfig's; plain TrainingArguments have none
         self.seq_len = seq_len
@@ -51,12 +60,22 @@ class FirstStepMemoryCheck(TrainerCallback):
                      f"{choice.seq_len} tokens, the trainer runs {batch} x {seq_len}: estimated peak "
                      f"{self.estimate_gib:.1f} GiB against a {choice.budget_gib:.1f} GiB budget")
 
+    def _count_tokens(self, module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if module.training and torch.is_grad_enabled() and isinstance(ids, torch.Tensor):
+            self._longest = max(self._longest, ids.numel())
+
     def on_step_end(self, args, state, control, **kwargs):
         if self._checked or args.device.type != "cuda":
             return
         self._checked = True
+        if self._hook is not None:
+            self._hook.remove()
         device = args.device
         peak, reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+        in_force = self._mode_check(peak)
+        if in_force:
+            log.info(f"nbddp: warning: rank {args.process_index}: {in_force}")
         total = torch.cuda.get_device_properties(device).total_memory
         report, warning = first_step_report(self.choice.mode, self.estimate_gib, peak / GIB, reserved / GIB,
                                             total / GIB, str(device))
@@ -69,6 +88,18 @@ class FirstStepMemoryCheck(TrainerCallback):
                 log.info(f"nbddp: tip: {tip}")
         if warning:
             log.info(f"nbddp: warning: rank {args.process_index}: {warning}")
+
+
+    def _mode_check(self, peak_bytes) -> str | None:
+        """`mode_not_in_force` for step 1: what it added to the memory training began with, against the
+        activations estimated for its largest micro batch (as one row of its tokens)."""
+        choice = self.choice
+        if choice.shape is None or self._allocated_at_start is None or not self._longest:
+            return None
+        estimate = estimate_peak(choice.shape, self._longest, 1, choice.mode, choice.transformers_peft)
+        return mode_not_in_force(choice.mode, f"step 1 (its largest micro batch {self._longest} tokens)",
+                                 (peak_bytes - self._allocated_at_start) / GIB,
+                                 estimate["activations_gib"] + estimate["logits_gib"])
 
 
 def first_step_report(mode: str, estimate_gib: float | None, peak_gib: float, reserved_gib: float,
@@ -105,3 +136,13 @@ def larger_micro_batch_tip(choice, batch: int, accumulation: int, seq_len: int, 
             f"gradient_accumulation_steps={accumulation // 2} (--set NAME=VALUE, or --batch_layout auto, which "
             f"chooses for you) keeps the global batch ({batch * accumulation} rows per rank and optimizer step) in fewer, "
             f"fuller micro batches; {MEASURED_GAIN}")
+
+
+def mode_not_in_force(mode: str, what: str, used_gib: float, activations_gib: float) -> str | None:
+    """What to say when `what` (a step) added less than FAR_BELOW of the `activations_gib` estimated for it under
+    gradient checkpointing `mode`: the mode that ran is not `mode`. None when the measurement agrees."""
+    if used_gib >= FAR_BELOW * activations_gib:
+        return None
+    return (f"{what} added {format_gib(used_gib)} GiB, under {FAR_BELOW:.0%} of the {format_gib(activations_gib)} GiB "
+            f"of activations estimated with gradient checkpointing {mode}: the layers still recompute or offload, so "
+            f"the mode in force is not {mode!r} and its step time and memory are not what nbddp says")
