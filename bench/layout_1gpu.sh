@@ -6,6 +6,8 @@
 # run in that order, each only if its preparation and first pair fit. Needs .gpu-site/site.tgz and the notebooks in
 # .gpu-site/notebooks/ (both git-ignored, carried). Results: $OUT/layout_1gpu.json (rewritten after every trial),
 # $OUT/trials/<part>/<round>_<variant>/ (metrics.jsonl, trainer_state.json, trial.json, log_excerpt.txt), $OUT/log.
+# Profiled, on alpaca-cleaned's row lengths and a 32k tokenizer (the defaults on a GPU), one pair a part:
+#   LAYOUT_ROUNDS=1 LAYOUT_PROFILE_STEPS=41-43 bash bench/layout_1gpu.sh 575 alpaca_8b,conversational_3b
 # FSDP's price on a real notebook (QLoRA under FSDP1 on the fallback vs Unsloth under DDP):
 #   LAYOUT_A_FLAGS="--strategy ddp" LAYOUT_B_FLAGS="--strategy fsdp" LAYOUT_MAX_STEPS=15 LAYOUT_RESUME_CHECK=1 \
 #     bash bench/layout_1gpu.sh 560 alpaca_1b_bf16        (alpaca_1b: QLoRA; the resume check: B saves and resumes)

@@ -13,14 +13,20 @@ stand-ins sit under the hub ids the notebook names:
 - the model id (and the names Unsloth's mapper turns it into under `load_in_4bit`, e.g. `unsloth/Llama-3.1-8B` ->
   `unsloth/Llama-3.1-8B-unsloth-bnb-4bit`): folders of symlinks to a random-init bf16 model of the part's shape
   (bench/materialize.py, once per machine under `<work>/models/<shape>`; Unsloth quantizes it to 4 bits as it
-  loads), with the tiny word-level tokenizer (120 ids, all far below the model's vocabulary; the conversational
-  part adds the Llama-3 header tokens and role words, 131 ids);
-- the dataset id: a folder with `train.jsonl`, 1024 seeded rows in the notebook's columns. Alpaca rows
-  (instruction/input/output; 60% with an empty input as in alpaca-cleaned, else 1-80 words) whose formatted
-  training text (the notebook's own alpaca_prompt + EOS, BOS from the tokenizer) is exactly L tokens, L uniform on
-  256..512;
-  ShareGPT rows (`conversations` of from/value turns, 1 or 2 exchanges, plus `source` and `score` as FineTome's)
-  aimed at the same lengths after the llama-3.1 chat template (within about 10 tokens: the template is Unsloth's).
+  loads), with a word-level tokenizer of LAYOUT_VOCAB entries (default 32,000, a real tokenizer's size: the tiny
+  one's 120 ids grown with made-up words; 0 keeps the tiny one); the conversational part adds the Llama-3 header
+  tokens and role words;
+- the dataset id: a folder with `train.jsonl` of seeded rows in the notebook's columns. LAYOUT_LENGTHS=heavy (the
+  default on a GPU): 2,000 rows (LAYOUT_ROWS) whose lengths follow alpaca-cleaned's under the Llama-3.1 tokenizer
+  (p10/p50/p90/max 69/163/354/955 tokens); uniform: 1,024 rows of L tokens, L uniform on 256..512. Alpaca rows
+  (instruction/input/output; 60% with an empty input as in alpaca-cleaned) whose formatted training text (the
+  notebook's own alpaca_prompt + EOS, BOS from the tokenizer) is exactly L tokens; ShareGPT rows (`conversations`
+  of from/value turns, 1 or 2 exchanges, plus `source` and `score` as FineTome's) aimed at the same lengths after
+  the llama-3.1 chat template (within about 10 tokens: the template is Unsloth's).
+
+LAYOUT_PROFILE_STEPS=FIRST-LAST runs every trial through bench/timed_run.py: its device step times and a
+torch.profiler trace of those steps, summarised per step (bench.profile_summary: kernel-busy and idle time, kernel
+launches, host<->device copies, checkpoint function calls), come back as the trial's `rank0*.json`.
 
 Each round runs A (`LAYOUT_A_FLAGS`, default none: the notebook as written) then B (`LAYOUT_B_FLAGS`, default
 `--batch_layout auto`), each a fresh `torchrun --nproc_per_node 1` (`LAYOUT_LAUNCH=python`: plain python) with
@@ -31,7 +37,8 @@ one running at the deadline is stopped. After every trial `<out>/layout_1gpu.jso
 
 CPU check (no GPU, no Unsloth): LAYOUT_TINY=1 puts the tiny model (nbddp.runtime.backends.tiny_model.ensure_weights of
 models/tiny-llama) under every stand-in name and shortens the rows (LAYOUT_MIN_TOKENS/LAYOUT_MAX_TOKENS, default
-128..256 with it); the script then runs on the Transformers+PEFT backend.
+128..256 with it; uniform lengths and the tiny tokenizer unless LAYOUT_LENGTHS/LAYOUT_VOCAB say otherwise); the
+script then runs on the Transformers+PEFT backend.
 """
 import argparse
 import dataclasses
