@@ -28,16 +28,22 @@ SOURCEMAP = {
 }
 
 
-def run_script(directory, with_sourcemap=True, sourcemap_text=None):
+# The same lines with only the hook that setup installs (tracebacks.install), without setup's imports of torch and
+# transformers: a child in a second instead of several. test_uncaught_error_names_the_notebook_cell runs the real setup.
+HOOK_ONLY_SCRIPT = SCRIPT.replace('ddp = runtime.setup(backend=backend, script=globals().get("__file__"))',
+                                  "from nbddp.runtime.reporting import tracebacks; tracebacks.install(__file__)")
+
+
+def run_script(directory, with_sourcemap=True, sourcemap_text=None, text=HOOK_ONLY_SCRIPT):
     script = directory / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     if with_sourcemap:
         (directory / "train.sourcemap.json").write_text(sourcemap_text or json.dumps(SOURCEMAP))
     return subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=directory, timeout=120)
 
 
 def test_uncaught_error_names_the_notebook_cell(tmp_path):
-    result = run_script(tmp_path)
+    result = run_script(tmp_path, text=SCRIPT)  # the generated script's setup installs the hook
     assert result.returncode == 1
     assert "IndexError: list index out of range" in result.stderr
     assert "Traceback (most recent call last)" in result.stderr
@@ -132,7 +138,7 @@ def test_an_unreadable_map_is_named_after_the_traceback(tmp_path):
 def test_bad_input_is_one_paragraph_and_exit_status_2(tmp_path):
     # The notebook cell's second line raises nbddp's DataError, as require_fields does for a bad row.
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT.replace(
+    script.write_text(HOOK_ONLY_SCRIPT.replace(
         "print(rows[10])", "from nbddp.errors import DataError; raise DataError('data/x.jsonl row 17: missing \"output\"')"))
     (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=120)
@@ -157,7 +163,7 @@ def test_bad_input_from_several_ranks_carries_the_rank(tmp_path, monkeypatch):
 def test_under_torchrun_the_report_also_goes_to_the_rank_error_file(tmp_path):
     # torchrun's agent names this file per worker; its failure summary and nbddp's failure report read it.
     script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+    script.write_text(HOOK_ONLY_SCRIPT)
     (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
     error_file = tmp_path / "error.json"
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(error_file)}
