@@ -25,8 +25,6 @@ import textwrap
 
 from nbddp import log
 from nbddp.errors import NbddpError, UsageError
-from nbddp.export import export
-from nbddp.export.help import export_epilog
 from nbddp.orchestration import flag_spelling
 from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
 from nbddp.orchestration.new_project import new_project
@@ -87,14 +85,27 @@ def run_new(args) -> int:
     return 0
 
 
+class ExportHelp(argparse._HelpAction):
+    """export's -h: its epilog lists every rewrite, which loads the export room (libcst, jupytext: seconds), so it is
+    built only when asked for, not for every command's parser."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from nbddp.export.help import export_epilog
+
+        parser.epilog = export_epilog()
+        super().__call__(parser, namespace, values, option_string)
+
+
 def add_export_command(subcommands) -> None:
     command = subcommands.add_parser(
         "export",
         help="write generated/train.py (and its source map) from the stage notebooks",
         description="Export notebooks/NN_*.ipynb, in name order, to one DDP-safe script for torchrun.",
-        epilog=export_epilog(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
     )
+    command.add_argument("-h", "--help", action=ExportHelp, help="show this help message, every cell tag and rewrite, "
+                                                                 "and exit")
     command.add_argument("--notebooks", default="notebooks", help="folder of the stage notebooks (default: notebooks)")
     command.add_argument("--out", default="generated", help="folder to write train.py into (default: generated)")
     command.add_argument(
@@ -105,6 +116,8 @@ def add_export_command(subcommands) -> None:
 
 
 def run_export(args) -> int:
+    from nbddp.export import export  # the export room: libcst and jupytext, for this command only
+
     result = export(args.notebooks, args.out, check=args.check, force=args.force)
     if not args.check:
         print(result.report.text(result.script_path.as_posix()))

@@ -10,6 +10,7 @@ import pytest
     ("nbddp.orchestration.smoke", ("libcst", "nbddp.export")),
     ("nbddp.orchestration.launch", ("libcst", "nbddp.export")),
     ("nbddp.orchestration.run", ("libcst", "nbddp.export")),
+    ("nbddp.cli", ("libcst", "nbddp.export")),  # every command's start; export and new load it when they run
     ("nbddp.runtime", ("libcst", "jupytext", "papermill", "nbddp.export", "nbddp.orchestration")),
     ("nbddp.formats.sourcemap", ("libcst", "torch", "nbddp.export", "nbddp.runtime", "nbddp.orchestration")),
     ("nbddp.formats.metrics", ("torch", "nbddp.export", "nbddp.runtime", "nbddp.orchestration")),

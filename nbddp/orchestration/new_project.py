@@ -17,7 +17,6 @@ from pathlib import Path
 
 import nbddp
 from nbddp.errors import UsageError
-from nbddp.export import export
 from nbddp.starter_files import STARTER
 
 
@@ -48,6 +47,8 @@ def new_project(directory) -> Path:
             (staging / folder).mkdir(parents=True)
             for path in files:
                 shutil.copyfile(path, staging / folder / path.name)
+        from nbddp.export import export  # the export room (libcst): for this command only, not every command's start
+
         with contextlib.chdir(staging):  # the script names its notebooks as `nbddp export` in DIR would
             export("notebooks", "generated")
         if target.is_dir():

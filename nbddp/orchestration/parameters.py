@@ -246,18 +246,21 @@ def checked_strategy(text):
 def check_overrides(groups, environ=None):
     """Check each group `(where, lines)` of `NAME=VALUE` lines (`--set`, a regression case's `set:`), and the lines
     the environment's NBDDP_SET already holds, as the runtime will type them; UsageError naming `where` and the
-    line. The names and types are checked in one child process that sees no GPU: on a GPU host, importing
-    transformers' TrainingArguments initialises CUDA (seen on an H200), which the parent must never do."""
+    line. The names, types and ranges are checked here from the training arguments' cached schema
+    (training_overrides.cached_schema), else in one child process that sees no GPU and writes that schema: on a GPU
+    host, importing transformers' TrainingArguments initialises CUDA (seen on an H200), which the parent must never
+    do, and it takes seconds."""
     environ = os.environ if environ is None else environ
     own = training_overrides.environment_value([], environ).splitlines()
     groups = [(f"{training_overrides.ENV} line", own), *((where, list(lines)) for where, lines in groups)]
     for where, lines in groups:
         training_overrides.environment_value(lines, environ={}, where=where)  # one NAME=VALUE line each, here
     groups = [[where, lines] for where, lines in groups if lines]
-    if not groups:
+    if not groups or _checked_from_schema(groups):
         return
     command = [sys.executable, "-c", "import sys; from nbddp.runtime.inputs import training_overrides as t; "
-                                     "sys.exit(t.main(sys.argv[1:]))", json.dumps(groups)]
+                                     "sys.exit(t.main(sys.argv[1:]))", json.dumps(groups),
+               str(training_overrides.schema_path())]
     env = environment.child_environment(cuda_visible_devices="", environ=environ)
     try:
         result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
@@ -268,6 +271,20 @@ def check_overrides(groups, environ=None):
         raise UsageError(message[0])
     if result.returncode != 0:
         raise NbddpError(f"checking the --set overrides failed (exit status {result.returncode}): {message[0]}")
+
+
+def _checked_from_schema(groups):
+    """True when the cached schema checked every group (raising its UsageError); False without one, or for a field
+    only Transformers' own parser can type."""
+    schema = training_overrides.cached_schema()
+    if schema is None:
+        return False
+    try:
+        for where, lines in groups:
+            training_overrides.check([training_overrides.parse_line(line, where) for line in lines], where, schema)
+    except training_overrides.NeedsTransformers:
+        return False
+    return True
 
 
 def training_overrides_environment(*line_groups, environ=None):

@@ -49,9 +49,9 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     (but for the run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both,
     as NBDDP_SET."""
     notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout, strategy)  # in 2 s
+    overrides_env = parameters.checked_overrides_environment(overrides)  # from the cached schema: in 2 s too
     check_export_fresh(script)
     user = parameters.with_absolute_paths(script, defaults, user)
-    overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
     started = time.time()
     run_dir = new_run_dir("run", runs_root)

@@ -1,5 +1,7 @@
 """`--set NAME=VALUE`: overrides of the training arguments, typed as Transformers' HfArgumentParser types them."""
 import dataclasses
+import json
+import math
 import subprocess
 import sys
 
@@ -15,6 +17,14 @@ from nbddp.runtime.inputs.training_overrides import ENV, Override, apply, check,
 
 def overrides(*lines):
     return [training_overrides.parse_line(line) for line in lines]
+
+
+@pytest.fixture(params=["classes", "schema"])
+def checked(request):
+    """`check` as the runtime runs it (the classes themselves) and as `pipeline.py` does (their schema, importing
+    nothing): the same outcome, the same message."""
+    schema = training_overrides.live_schema() if request.param == "schema" else None
+    return lambda lines, **kwargs: check(lines, schema=schema, **kwargs)
 
 
 # from_environment
@@ -54,12 +64,12 @@ def test_environment_value_appends_the_new_lines_after_the_environments():
 
 
 @pytest.mark.parametrize("line", [
-    "learning_rate=1e-4", "learning_rate=-1", "bf16=true", "bf16=No", "bf16=0", "max_steps=10",
+    "learning_rate=1e-4", "max_steps=-1", "warmup_steps=0.1", "logging_steps=0.5", "seed=0", "bf16=true", "bf16=No", "bf16=0", "max_steps=10",
     "lr_scheduler_type=cosine", "eval_strategy=steps", "optim=adamw_torch", "eval_steps=0.5", "seed=3",
     "report_to=tensorboard", "label_names=labels other", "beta=0.2", "max_length=512", "num_generations=4",
 ])
-def test_fields_of_the_training_arguments_family_pass(line):
-    check(overrides(line))  # the assertions are in the failing cases below, which use the same path
+def test_fields_of_the_training_arguments_family_pass(checked, line):
+    checked(overrides(line))  # the assertions are in the failing cases below, which use the same path
 
 
 @pytest.mark.parametrize("line, message", [
@@ -71,34 +81,115 @@ def test_fields_of_the_training_arguments_family_pass(line):
     ("beta=high", "--set beta=high: DPOConfig's beta takes a float, not 'high'"),
     ("loss_weights=1 x", "--set loss_weights=1 x: DPOConfig's loss_weights takes a list of values separated by spaces, "
                          "each a float, not '1 x'"),
+    # the ranges the training arguments accept, and finite numbers (issue 43)
+    ("learning_rate=1e400", "--set learning_rate=1e400: learning_rate takes a finite number, not '1e400' (inf)"),
+    ("learning_rate=nan", "--set learning_rate=nan: learning_rate takes a finite number, not 'nan'"),
+    ("warmup_steps=-1", "--set warmup_steps=-1: warmup_steps takes a number from 0 (steps, or below 1 a fraction of "
+                        "the run's steps), not '-1'"),
+    ("logging_steps=0", "--set logging_steps=0: logging_steps takes steps (a whole number from 1) or a fraction of the "
+                        "run's steps (above 0, below 1), not '0'"),
+    ("save_steps=2.5", "--set save_steps=2.5: save_steps takes steps (a whole number from 1) or a fraction of the "
+                       "run's steps (above 0, below 1), not '2.5'"),
+    ("seed=-1", "--set seed=-1: seed takes a whole number from 0 to 4294967295, not '-1'"),
+    ("max_steps=0", "--set max_steps=0: max_steps takes a whole number of steps from 1, or -1 to train for "
+                    "num_train_epochs, not '0'"),
+    ("per_device_train_batch_size=0", "--set per_device_train_batch_size=0: per_device_train_batch_size takes a whole "
+                                      "number from 1, not '0'"),
+    ("adam_beta2=1", "--set adam_beta2=1: adam_beta2 takes a number from 0 to below 1, not '1'"),
+    ("beta=inf", "--set beta=inf: DPOConfig's beta takes a finite number, not 'inf'"),
+    ("loss_weights=1 nan", "--set loss_weights=1 nan: DPOConfig's loss_weights takes a finite number, not '1 nan' "
+                           "(nan)"),
 ])
-def test_a_wrong_name_or_value_is_one_sentence_naming_the_flag(line, message):
+def test_a_wrong_name_or_value_is_one_sentence_naming_the_flag(checked, line, message):
     with pytest.raises(UsageError) as error:
-        check(overrides("learning_rate=1e-4", line))
+        checked(overrides("learning_rate=1e-4", line))
     assert str(error.value) == message
     assert error.value.exit_status == 2
 
 
-def test_an_enum_field_lists_its_choices():
+def test_an_enum_field_lists_its_choices(checked):
     with pytest.raises(UsageError, match=r"^--set lr_scheduler_type=foo: lr_scheduler_type takes one of linear, cosine, "
                                          r"cosine_with_restarts, .*, not 'foo'$"):
-        check(overrides("lr_scheduler_type=foo"))
+        checked(overrides("lr_scheduler_type=foo"))
 
 
-def test_a_name_nothing_is_close_to_names_the_configs():
+def test_a_name_nothing_is_close_to_names_the_configs(checked):
     with pytest.raises(UsageError, match=r"^--set zzzqqq=1: no training argument named zzzqqq \(none of "
                                          r"TrainingArguments, SFTConfig, DPOConfig, GRPOConfig, .* has such a field\)$"):
-        check(overrides("zzzqqq=1"))
+        checked(overrides("zzzqqq=1"))
 
 
-def test_a_value_one_config_takes_passes_though_another_refuses_it():
+def test_a_value_one_config_takes_passes_though_another_refuses_it(checked):
     # loss_type: KTOConfig's choices are kto and apo_zero_unpaired; DPOConfig's is a list of names, CPOConfig's hinge too.
-    check(overrides("loss_type=hinge"))
+    checked(overrides("loss_type=hinge"))
 
 
-def test_the_message_can_name_where_the_override_came_from():
+def test_the_message_can_name_where_the_override_came_from(checked):
     with pytest.raises(UsageError, match="^--suite s.yaml: case a: set bf16=maybe: bf16 takes a bool"):
-        check(overrides("bf16=maybe"), where="--suite s.yaml: case a: set")
+        checked(overrides("bf16=maybe"), where="--suite s.yaml: case a: set")
+
+
+TEXTS = ["1", "0", "-1", "2.5", "1e-4", "1e400", "nan", "inf", " 3 ", "true", "False", "YES", "t", "maybe", "", "None",
+         "linear", "cosine", "steps", "no", "a b", "1 2", "-x", "0x10", "１"]
+
+
+def test_the_schema_types_every_field_as_transformers_parser_does():
+    # pipeline.py types from the schema without importing transformers: every field of every config, many texts,
+    # the same value or the same refusal as HfArgumentParser (a field only it can type says so: NeedsTransformers).
+    schema, typed, asked = training_overrides.live_schema(), 0, 0
+    for config_class in training_overrides.config_classes():
+        for name, field in schema[config_class.__name__].items():
+            for text in [*TEXTS, *field.choices[:2]]:
+                override = Override(name, text)
+                try:
+                    expected = training_overrides._typed(config_class, override)
+                except training_overrides._ParseError:
+                    expected = "refused"
+                try:
+                    got = training_overrides._typed_from(field, override)
+                except training_overrides._ParseError:
+                    got = "refused"
+                except training_overrides.NeedsTransformers:
+                    asked += 1
+                    continue
+                typed += 1
+                if field.kind == "choice" and got != "refused":
+                    expected, got = str(getattr(expected, "value", expected)), got  # the choice, by its text
+                assert same(got, expected), (config_class.__name__, name, text, got, expected)
+    assert typed > 10 * asked  # the schema types nearly everything itself
+
+
+def same(got, expected):
+    if isinstance(got, list) and isinstance(expected, list):
+        return len(got) == len(expected) and all(map(same, got, expected))
+    if isinstance(got, float) and math.isnan(got):
+        return isinstance(expected, float) and math.isnan(expected)
+    return got == expected and type(got) is type(expected)
+
+
+def test_the_schema_is_cached_per_interpreter_and_versions(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert training_overrides.cached_schema() is None
+    path = training_overrides.schema_path()
+    assert path.parent == tmp_path / "nbddp" / "training-arguments"
+    training_overrides.write_schema(training_overrides.live_schema(), path)
+    assert training_overrides.cached_schema() == training_overrides.live_schema()
+    assert not [entry for entry in path.parent.iterdir() if entry != path]  # no temp file left
+    monkeypatch.setattr(training_overrides.importlib.metadata, "version", lambda package: "0.0.0")
+    assert training_overrides.schema_path() != path and training_overrides.cached_schema() is None
+
+
+@pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", json.dumps({"TrainingArguments": {"seed": 3}})])
+def test_a_damaged_cache_is_no_schema(tmp_path, monkeypatch, text):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    training_overrides.schema_path().parent.mkdir(parents=True)
+    training_overrides.schema_path().write_text(text)
+    assert training_overrides.cached_schema() is None
+
+
+def test_a_cache_that_cannot_be_written_is_left_alone(tmp_path):
+    (tmp_path / "afile").write_text("")
+    training_overrides.write_schema({}, tmp_path / "afile" / "x.json")  # no error: the next check writes it again
 
 
 def test_the_family_holds_transformers_and_trls_configs():
