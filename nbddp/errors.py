@@ -38,3 +38,10 @@ class NotebookError(NbddpError):
     def __str__(self):
         text = f"{self.location}: {self.message}"
         return f"{text}\n  hint: {self.hint}" if self.hint else text
+
+
+class TrainingError(NbddpError):
+    """Training itself went wrong in a way nbddp can explain (a loss that is not finite): one paragraph naming the
+    step and what to do, and exit status 1, as for a failed run rather than bad input."""
+
+    exit_status = 1

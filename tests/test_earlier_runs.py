@@ -167,3 +167,26 @@ def test_an_output_dir_that_cannot_be_made_stops_before_the_model_loads(tmp_path
     assert "nbddp: backend=" not in result.stdout
     assert_no_nbddp_traceback(result.stderr)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["file" if below == "file" else "link"]
+
+
+def no_nan_literals(text):
+    raise AssertionError(f"{text} in metrics.jsonl, which is not standard JSON")
+
+
+def test_a_loss_that_turns_non_finite_stops_the_run_at_that_step(tmp_path):
+    output_dir = tmp_path / "outputs"
+    result = launch(output_dir, "--max_steps", "8", "--save_steps", "1", "--learning_rate", "1e30")
+    assert result.returncode == 1
+    report = result.stderr[result.stderr.rindex("nbddp: training failed"):]
+    stopped = "the training loss is not finite (NaN or infinite) at step 3 of 8: training stopped there"
+    assert f"  rank 0 failed: NonFiniteLoss: {stopped}" in report and "  rank 1 failed too: the same error" in report
+    assert "a learning rate too high for this model (learning_rate 1e+30)" in report
+    assert f"{output_dir / 'checkpoint-2'} holds the weights that gave that loss: moved into {DAMAGED}/. Last " \
+           f"complete checkpoint before it: {output_dir / 'checkpoint-1'} (step 1)" in report
+    assert f"  last complete checkpoint: {output_dir / 'checkpoint-1'} (step 1); rerun with --resume true" in report
+    assert (output_dir / DAMAGED / "checkpoint-2" / MARKER).exists()  # set aside whole, not deleted
+    assert not (output_dir / "lora_adapter").exists()  # the cells after training did not run
+    records = [json.loads(line, parse_constant=no_nan_literals)
+               for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max(record["step"] for record in records if "event" not in record) == 2
+    assert_no_nbddp_traceback(result.stderr)

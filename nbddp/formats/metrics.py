@@ -26,6 +26,7 @@ so a run killed and resumed reads as one run. A rank 0 killed while writing leav
 Standard library only (and nbddp.errors): the runtime writes the file, the orchestration and bench read it.
 """
 import json
+import math
 import os
 from pathlib import Path
 
@@ -35,11 +36,22 @@ METRICS_FILE = "metrics.jsonl"  # in the run's output_dir
 
 
 def append(path, record: dict) -> None:
-    """Add `record` as one line at the end of the file at `path` (created, with its folder, when missing)."""
+    """Add `record` as one line at the end of the file at `path` (created, with its folder, when missing). A value
+    that is a NaN or infinite float is written as null: the file stays standard JSON, which has no such numbers."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as file:
-        file.write(json.dumps(record) + "\n")
+        file.write(json.dumps(_finite(record), allow_nan=False) + "\n")
+
+
+def _finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def start(path, resumed_at: int = 0) -> None:

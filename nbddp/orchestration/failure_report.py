@@ -156,15 +156,19 @@ def describe(status, torchrun_stderr, output_dir=None, processes=None, hung=None
     signals = TorchrunSignals.read(torchrun_stderr)
     kinds = [_kind(failure, failures, signals) for failure in failures]
     order = sorted(range(len(failures)), key=lambda index: kinds[index])
+    first_how = None
     for position, index in enumerate(order):
         failure, kind = failures[index], kinds[index]
+        how = _how(failure, kind)
         if position == 0:
-            lines.append(f"  rank {failure.rank} {VERBS.get(kind, 'failed')}: {_how(failure, kind)}")
+            first_how = how
+            lines.append(f"  rank {failure.rank} {VERBS.get(kind, 'failed')}: {how}")
             if failure.origin:
                 lines.append(f"    {failure.origin}")
         else:
             verb = "stopped after it" if kind == FOLLOWED else f"{VERBS[kind]} too"
-            lines.append(f"  rank {failure.rank} {verb}: {_how(failure, kind)}")
+            same = failure.message is not None and how == first_how  # every rank raised it (a non-finite loss)
+            lines.append(f"  rank {failure.rank} {verb}: {'the same error' if same else how}")
     texts = [torchrun_stderr, *(text for failure in failures for text in (failure.message, failure.report))]
     disk = disk_full_line(texts, output_dir)
     if disk:

@@ -105,6 +105,10 @@ PATCHES = {
         "transformers.trainer.DEFAULT_CALLBACKS, CallbackHandler.add_callback", "transformers", "every run",
         "every Trainer shows rank 0's progress, and nbddp's metrics reach the reporting callbacks, which "
         "Transformers calls first (reporting.progress, trainer.trainer_patches)"),
+    "finite-loss": Patch(
+        "transformers.trainer.DEFAULT_CALLBACKS", "transformers", "every run",
+        "Trainer trains on after a NaN or infinite loss and logs a finite one in its place (logging_nan_inf_filter): "
+        "the run stops at that step (trainer.finite_loss)"),
     "checkpoint-markers": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS, Trainer._get_output_dir, .train, ._save_checkpoint",
         "transformers", "every run",

@@ -87,3 +87,9 @@ def test_resuming_drops_lines_that_are_no_record(tmp_path):
 def test_no_last_step_where_output_dir_is_a_file(tmp_path):
     (tmp_path / "file").write_text("")
     assert metrics.last_step(tmp_path / "file" / metrics.METRICS_FILE) is None
+
+
+def test_numbers_json_has_not_are_written_as_null(tmp_path):
+    path = tmp_path / metrics.METRICS_FILE
+    metrics.append(path, {"step": 3, "loss": float("nan"), "grad_norm": float("inf"), "nested": [float("-inf"), 1.5]})
+    assert path.read_text() == '{"step": 3, "loss": null, "grad_norm": null, "nested": [null, 1.5]}\n'

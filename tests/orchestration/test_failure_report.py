@@ -247,3 +247,10 @@ def test_a_full_disk_is_said(tmp_path, monkeypatch, free_mib, callstack, line):
 def test_no_space_in_the_workers_stderr_is_enough():
     text = describe(1, "[rank1]: OSError: [Errno 28] No space left on device\n" + summary((1, 1)))
     assert "  disk full: No space left on device" in text.splitlines()
+
+
+def test_an_error_every_rank_raised_is_written_out_once(tmp_path):
+    message = "NonFiniteLoss: the training loss is not finite (NaN or infinite) at step 3 of 8: ..."
+    files = [error_file(tmp_path / f"{rank}.json", message, rank=rank) for rank in (0, 1)]
+    text = describe(1, summary((0, 1, files[0], message), (1, 1, files[1], message)))
+    assert text.splitlines()[1:] == [f"  rank 0 failed: {message}", "  rank 1 failed too: the same error"]

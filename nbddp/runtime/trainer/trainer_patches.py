@@ -46,15 +46,20 @@ def patch_compute_loss(trainer_class) -> None:
 
 
 def register_callbacks() -> None:
-    """Every Trainer built from now on shows its progress through `progress.TrainingProgress`, and has its
+    """Every Trainer built from now on stops at a loss that is not finite (`finite_loss.FiniteLossCallback`), shows
+    its progress through `progress.TrainingProgress`, and has its
     `metrics.MetricsCallback` (given by the notebook or added later) ahead of its other callbacks: it adds nbddp's
     figures to the training logs, which the reporting callbacks (TensorBoard, ...), first in Transformers' order,
     would otherwise have written before it. Registering twice is once."""
     from transformers.trainer_callback import CallbackHandler
 
+    from transformers import trainer as transformers_trainer
+
     from nbddp.runtime.reporting import progress
+    from nbddp.runtime.trainer.finite_loss import FiniteLossCallback
 
     progress.register()
+    patches.append("finite-loss", transformers_trainer.DEFAULT_CALLBACKS, FiniteLossCallback)
     patches.wrap("progress-and-metrics-callbacks", CallbackHandler, "add_callback", _metrics_first)
 
 

@@ -50,6 +50,7 @@ from nbddp.errors import UsageError
 from nbddp.runtime import patches
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.rank import is_main_process
+from nbddp.runtime.trainer.finite_loss import NonFiniteLoss
 
 _trainers_per_output_dir = {}  # os.path.realpath(output_dir) -> trainers of this process given a folder in it
 
@@ -152,7 +153,17 @@ def _resume_marked(original):
             if resume_from_checkpoint and not self.is_fsdp_enabled and _finished(self, resume_from_checkpoint):
                 return _load_finished(self, resume_from_checkpoint)
             _begin_run(self, callback, resume_from_checkpoint or None)
-        return original(self, resume_from_checkpoint, *args, **kwargs)
+        try:
+            return original(self, resume_from_checkpoint, *args, **kwargs)
+        except NonFiniteLoss as error:  # say where to go on from, and keep --resume true from the suspect weights
+            folder = checkpoint_folder(self)
+            checkpoints = checkpoint_markers.complete_checkpoints(folder)
+            suspect = error.suspect(checkpoints)
+            if dist.is_initialized():
+                dist.barrier()  # every rank raised at this step and read the checkpoints before one moves
+            if suspect is not None and self.is_world_process_zero():
+                checkpoint_markers.set_aside(suspect.path)
+            raise error.resumable_from(checkpoints, folder) from None
 
     return train
 
