@@ -127,6 +127,10 @@ PATCHES = {
     "cell-tracebacks": Patch(
         "sys.excepthook", "python", "a script",
         "a traceback also names the notebook cell its line came from (reporting.tracebacks)"),
+    "rank-exits": Patch(
+        "sys.exit, builtins.exit, builtins.quit", "python", "a script",
+        "a rank that ends itself says where, and ends before finalization, which waited for gloo's threads until "
+        "torchrun stopped it as if another rank had failed first (reporting.tracebacks)"),
     "accelerate-use-cpu": Patch(
         "os.environ['ACCELERATE_USE_CPU']", "accelerate", "CPU runs",
         "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone (context)"),

@@ -4,6 +4,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from nbddp.runtime.reporting import tracebacks
 
 # A generated-looking script: nbddp's setup cell, then a notebook cell whose second line raises.
@@ -259,3 +261,30 @@ def test_files_missing_from_an_offline_hub_cache_get_a_line_saying_how_to_fetch_
         report = tracebacks.format_report(type(error), error, error.__traceback__, str(tmp_path / "train.py"))
     assert report.splitlines()[-1].startswith("nbddp: hint: the Hugging Face hub is offline here")
     assert "`hf download <repo id>`" in report
+
+
+def test_a_rank_that_exits_by_itself_says_so_with_its_status_and_cell(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    from nbddp.runtime import patches
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(tracebacks.atexit, "register", lambda function: None)  # no process group: nothing to end
+    script = tmp_path / "train.py"
+    (tmp_path / "train.sourcemap.json").write_text(json.dumps(SOURCEMAP))
+    tracebacks.install_exits(str(script))
+    try:
+        assert sys.exit is builtins.exit is builtins.quit
+        code = compile("\n" * 6 + "import sys; sys.exit(3)", str(script), "exec")
+        with pytest.raises(SystemExit) as exited:
+            exec(code, {})
+        asked = tracebacks._exiting[0]  # the status the rank ends with at exit, before finalization
+    finally:
+        patches.undo()
+        monkeypatch.setattr(tracebacks, "_exiting", [None])
+    assert exited.value.code == 3 and asked == 3
+    err = capsys.readouterr().err
+    assert err.startswith("[rank 1] nbddp: this rank ends here with status 3 while the other ranks go on (they stop "
+                          "at their next collective); ")
+    assert err.rstrip().endswith("train.py line 7 comes from notebooks/03_train.ipynb, cell 4, line 1")

@@ -26,6 +26,8 @@ The `[rank R]` prefix appears only when torchrun started more than one process, 
 from several ranks stay readable. Under torchrun the same report also goes to this rank's error file
 (`TORCHELASTIC_ERROR_FILE`), which torchrun's failure summary and nbddp's failure report read.
 """
+import atexit
+import builtins
 import json
 import os
 import sys
@@ -105,6 +107,40 @@ def install(script: str) -> None:
             raise SystemExit(status)
 
     patches.set_attribute("cell-tracebacks", sys, "excepthook", report_with_origin)
+    install_exits(script)
+
+
+def install_exits(script: str) -> None:
+    """Make `sys.exit()`, `exit()` and `quit()` in a script that torchrun runs on several processes say which rank
+    ends, with what status, and where (the notebook cell), and end that rank once it has unwound (atexit), before
+    finalization, whose wait for gloo's threads kept it alive until torchrun stopped it: the failure report then
+    blamed another rank's lost connection and called this one killed by SIGTERM."""
+    if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        return
+
+    def exit_here(status=None):
+        code = 0 if status is None else status if isinstance(status, int) else 1
+        origin = _origin_of(traceback.walk_stack(sys._getframe(1)), script, innermost_first=True)
+        where = f"; {origin.removeprefix('nbddp: ')}" if origin else ""
+        sys.stderr.write(f"[rank {os.environ.get('RANK', '?')}] nbddp: this rank ends here with status {code} while "
+                         f"the other ranks go on (they stop at their next collective){where}\n")
+        _exiting[0] = code
+        raise SystemExit(status)
+
+    for owner, name in ((sys, "exit"), (builtins, "exit"), (builtins, "quit")):
+        patches.set_attribute("rank-exits", owner, name, exit_here)
+    atexit.register(_end_before_finalization)
+
+
+_exiting = [None]  # the status a rank's own sys.exit() asked for
+
+
+def _end_before_finalization():
+    # Registered at setup, so run last of the atexit callbacks: what exit_without_finalization does after them.
+    if _exiting[0] is not None and _gloo_group_exists():
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(_exiting[0])
 
 
 def _gloo_group_exists() -> bool:
@@ -172,7 +208,14 @@ def _lost_peer_paragraph(exc_type, exc, tb, script: str) -> str:
 def _origin_line(tb, script: str) -> str | None:
     """One sentence locating the innermost frame of `script` in the notebooks, or saying that the source map
     could not be read; None when nothing is known."""
-    script_lines = [line for frame, line in traceback.walk_tb(tb) if os.path.abspath(frame.f_code.co_filename) == script]
+    return _origin_of(traceback.walk_tb(tb), script)
+
+
+def _origin_of(frames, script: str, innermost_first=False) -> str | None:
+    """`_origin_line` for (frame, line) pairs, outermost first (a traceback's) or innermost first (a stack's)."""
+    script_lines = [line for frame, line in frames if os.path.abspath(frame.f_code.co_filename) == script]
+    if innermost_first:
+        script_lines.reverse()
     if not script_lines:
         return None
     try:
