@@ -1,7 +1,8 @@
-"""What the whole suite shares: the reference DDP runs (tests/fixtures/e2e/reference_runs.py) that the default tier's
-end-to-end tests read. They take about a minute of CPU, so they start in the background as soon as the first test
-of a session that selected such a test begins, and overlap with the rest of the suite; the tests wait for them.
-Under pytest-xdist every worker shares one set (the first worker to ask starts it)."""
+"""What the whole suite shares: the tier and the number of xdist workers a command line gets, and the reference
+DDP runs (tests/fixtures/e2e/reference_runs.py) that the default tier's end-to-end tests read. The runs take about a
+minute of CPU, so they start in the background as soon as the first test of a session that selected such a test
+begins, and overlap with the rest of the suite; the tests wait for them. Under pytest-xdist every worker shares one
+set (the first worker to ask starts it)."""
 import json
 import os
 import subprocess
@@ -10,6 +11,24 @@ import time
 from pathlib import Path
 
 import pytest
+
+def names_single_tests(config):
+    """The command line names tests (`path::name`), not files, folders or the whole suite."""
+    return bool(config.args) and all("::" in arg for arg in config.args)
+
+
+def pytest_configure(config):
+    """A test named on the command line runs whatever its tier: pyproject.toml's `-m "not e2e"` picks the default
+    tier of the whole suite, a file or a folder."""
+    if names_single_tests(config) and config.option.markexpr == "not e2e":
+        config.option.markexpr = ""
+
+
+def pytest_xdist_auto_num_workers(config):
+    """Workers for `-n auto` (pyproject.toml's addopts): none for tests named on the command line, whose run the
+    workers' start-up (seconds) would only slow; otherwise xdist's own count, a worker per core."""
+    return 0 if names_single_tests(config) else None
+
 
 REFERENCE_RUNS = Path(__file__).parent / "fixtures" / "e2e" / "reference_runs.py"
 REFERENCE_RUNS_BOUND_S = 1200  # export and two short trainings, on a 2-core machine shared with other work
@@ -65,6 +84,7 @@ def ddp_reference_runs(tmp_path_factory):
         time.sleep(0.2)
     results = json.loads(results_path.read_text())
     for step, result in results.items():
-        assert result["returncode"] == 0, f"{step}: {result['command']}\n{result['stdout'][-3000:]}{result['stderr'][-6000:]}"
+        output = result["stdout"][-3000:] + result["stderr"][-6000:]
+        assert result["returncode"] == 0, f"{step}: {result['command']}\n{output}"
     assert set(results) == {"export", "one", "two"}
     return out

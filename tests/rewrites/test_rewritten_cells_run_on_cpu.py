@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from rewrite_case import LOCATION
 
 from nbddp.export.rewrites import apply
@@ -47,6 +49,7 @@ def finish():
 """
 
 
+@pytest.mark.e2e
 def test_a_one_gpu_cell_rewritten_runs_on_two_cpu_processes(tmp_path):
     code, _ = apply(CELL, LOCATION)
     script = tmp_path / "train.py"

@@ -352,6 +352,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.e2e
 def test_two_gloo_processes_take_turns_and_trainer_sees_them(tmp_path):
     worker, log = tmp_path / "worker.py", tmp_path / "events.log"
     worker.write_text(WORKER)

@@ -299,6 +299,7 @@ GENERATING_WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 def test_generation_after_sharded_training_on_one_gpu_runs_as_training_did(tiny_llama_dir, model_cache, tmp_path):
     """A notebook's inference cell after QLoRA under FSDP1 on one GPU: PEFT casts the input to the float32 FSDP1
     keeps a LoRA unit's weights in between forwards, and the unit computes in bf16 ("expected mat1 and mat2 to have
@@ -381,6 +382,7 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("version, processes", [("fsdp2", 2), ("fsdp1", 1)])
 def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_llama_dir, model_cache, tmp_path,
                                                                           strategy_restored, version, processes):

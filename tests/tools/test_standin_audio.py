@@ -79,6 +79,7 @@ def test_a_codec_without_its_package_gets_no_folder(tmp_path, monkeypatch):
     assert not (tmp_path / "hubertsiuzdak" / "snac_24khz").exists()
 
 
+@pytest.mark.e2e
 def test_the_speaking_orpheus_writes_snac_frames_that_the_notebook_decodes(tmp_path, monkeypatch):
     """Orpheus_(3B)-TTS's inference cell: prompt ids, sampling as it sets it, then the last start of speech, frames
     of 7 ids less 128266 + k * 4096 each, which SNAC's codebooks (4096 codes) must hold."""
@@ -107,6 +108,7 @@ def test_the_speaking_orpheus_writes_snac_frames_that_the_notebook_decodes(tmp_p
 SESAME_TEXT = "Sesame is a super cool TTS model which can be fine tuned with Unsloth."
 
 
+@pytest.mark.e2e
 def test_the_tiny_csm_generates_only_codes_that_its_codec_decodes(tmp_path, monkeypatch):
     """Sesame_CSM_(1B)-TTS's two text-only generations: a random backbone also picks the ids after the 2048 codes
     (on Transformers 4.56, greedy: 2049 for the first in float32, the second in bfloat16), which Mimi cannot
