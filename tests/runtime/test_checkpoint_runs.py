@@ -129,6 +129,22 @@ def test_two_trainers_with_one_output_dir_keep_and_resume_their_own_checkpoints(
     assert ddp.checkpoint_to_resume(second) == str(outputs / "trainer-2" / "checkpoint-4")
 
 
+def test_two_trainers_with_one_output_dir_keep_their_own_metrics(markers, tiny_model_path, tmp_path, capsys):
+    from nbddp.formats import metrics
+    from nbddp.runtime.reporting.metrics import MetricsCallback
+
+    outputs = tmp_path / "outputs"
+    for max_steps, callback in ((2, MetricsCallback(outputs / "metrics.jsonl")), (4, MetricsCallback())):
+        trainer = tiny_trainer(tiny_model_path, outputs, max_steps=max_steps)
+        trainer.args.logging_steps = 1
+        trainer.add_callback(callback)  # as the notebook passes it; or as record-metrics adds it, without a path
+        trainer.train()
+    assert f"its checkpoints go to {outputs / 'trainer-2'}, its metrics.jsonl beside them" in capsys.readouterr().out
+    first, second = (metrics.read(folder / "metrics.jsonl") for folder in (outputs, outputs / "trainer-2"))
+    assert [r["step"] for r in metrics.steps(first)] == [1, 2]  # not started afresh by the second trainer
+    assert [r["step"] for r in metrics.steps(second)] == [1, 2, 3, 4]
+
+
 def test_resume_from_checkpoint_true_takes_the_last_marked_checkpoint(markers, tiny_model_path, tmp_path, capsys):
     outputs = tmp_path / "outputs"
     tiny_trainer(tiny_model_path, outputs).train()

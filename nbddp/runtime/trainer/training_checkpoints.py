@@ -10,7 +10,9 @@ The wrapped methods:
   (`checkpoint_folder`). The first trainer of the process to train with an output_dir checkpoints into that
   output_dir, the k-th into `<output_dir>/trainer-<k>/`, so that two trainers of one notebook (continued pretraining,
   then instructions, both into "outputs") never write, rotate or resume each other's checkpoints. A script builds
-  its trainers in the same order every time it runs, so each one resumes its own.
+  its trainers in the same order every time it runs, so each one resumes its own. A later trainer's
+  `MetricsCallback` that would write `<output_dir>/metrics.jsonl` writes `<output_dir>/trainer-<k>/metrics.jsonl`,
+  beside its checkpoints, so that the first trainer's record is kept.
 - `train`: `resume_from_checkpoint=True`, as a notebook may write it, means the trainer's last complete checkpoint
   (`resume_point`), or a fresh start and a line saying so; Transformers' own choice, the highest-numbered
   directory, may be half-written or another run's. A checkpoint where the training ends (max_steps reached: a
@@ -36,6 +38,7 @@ checkpoints only, once the new one is marked.
 """
 import functools
 import os
+from pathlib import Path
 
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
@@ -45,11 +48,12 @@ from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
 from nbddp import log
-from nbddp.formats import checkpoint_markers
+from nbddp.formats import checkpoint_markers, metrics
 from nbddp.errors import UsageError
 from nbddp.runtime import patches
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.rank import is_main_process
+from nbddp.runtime.reporting.metrics import MetricsCallback
 from nbddp.runtime.trainer.finite_loss import NonFiniteLoss
 
 _trainers_per_output_dir = {}  # os.path.realpath(output_dir) -> trainers of this process given a folder in it
@@ -97,10 +101,25 @@ def checkpoint_folder(trainer) -> str:
         key = os.path.realpath(output_dir)
         index = _trainers_per_output_dir[key] = _trainers_per_output_dir.get(key, 0) + 1
         callback.folder = output_dir if index == 1 else os.path.join(output_dir, f"trainer-{index}")
-        if index > 1 and trainer.is_world_process_zero():
-            log.info(f"nbddp: {type(trainer).__name__} is trainer {index} of this script with output_dir {output_dir}: "
-                     f"its checkpoints go to {callback.folder}")
+        if index > 1:
+            moved = _own_metrics(trainer, output_dir, callback.folder)
+            if trainer.is_world_process_zero():
+                log.info(f"nbddp: {type(trainer).__name__} is trainer {index} of this script with output_dir "
+                         f"{output_dir}: its checkpoints go to {callback.folder}"
+                         + (f", its {metrics.METRICS_FILE} beside them" if moved else ""))
     return callback.folder
+
+
+def _own_metrics(trainer, output_dir, folder) -> bool:
+    """Point `trainer`'s metrics callbacks that would write into `output_dir` at `folder`, its checkpoints' (the
+    first trainer of the output_dir would otherwise have its record started afresh by this one); whether any was."""
+    moved = False
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, MetricsCallback):
+            path = callback.path or Path(output_dir) / metrics.METRICS_FILE
+            if os.path.realpath(path.parent) == os.path.realpath(output_dir):
+                callback.path, moved = Path(folder) / path.name, True
+    return moved
 
 
 def resume_point(trainer, why: str, world_size: int) -> str | None:
