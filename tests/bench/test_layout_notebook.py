@@ -102,6 +102,25 @@ def test_write_dataset_records_the_length_distribution(tmp_path):
     assert {t["from"] for t in row["conversations"]} == {"human", "gpt"} and not chat["exact_lengths"]
 
 
+def test_a_grown_tokenizer_has_the_size_asked_and_rows_of_alpaca_cleaneds_lengths(tmp_path):
+    from tokenizers import Tokenizer
+
+    grown = ln.large_tokenizer(tmp_path / "tok", 32000)
+    tokenizer = Tokenizer.from_file(str(grown / "tokenizer.json"))
+    assert tokenizer.get_vocab_size(with_added_tokens=True) == 32000
+    assert len(ln._words(tokenizer)[0]) > 15000  # one token with and without a leading space
+    prompt = ln.notebook_facts(NOTEBOOK_CODE)["alpaca_prompt"]
+    facts = ln.write_dataset(tmp_path / "data", "alpaca", grown / "tokenizer.json", prompt, "</s>", 0, 512,
+                             rows=2000, heavy=True)
+    lengths = facts["target_tokens"]
+    assert lengths["distribution"] == "alpaca-cleaned's heavy tail" and lengths["max"] <= ln.HEAVY_MAX
+    assert 60 <= lengths["p10"] <= 85 and 150 <= lengths["p50"] <= 175 and 320 <= lengths["p90"] <= 390
+    rows = [json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    longest = max(rows, key=lambda r: len(r["output"]))
+    assert len(tokenizer.encode(prompt.format(longest["instruction"], longest["input"], longest["output"])
+                                + "</s>").ids) <= ln.HEAVY_MAX
+
+
 def test_place_standin_links_the_weights_and_copies_another_tokenizer(tmp_path):
     model, tokenizer = tmp_path / "model", tmp_path / "tok"
     model.mkdir()
