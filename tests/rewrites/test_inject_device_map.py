@@ -97,9 +97,17 @@ def test_other_device_maps_are_kept_with_a_note(written):
 
 @pytest.mark.parametrize("written", [
     '{"": int(os.environ["LOCAL_RANK"])}', "{'': int(os.environ.get('LOCAL_RANK', 0))}", '{"": local_rank}',
-    '{"": PartialState().local_process_index}',
+    '{"": PartialState().local_process_index}', 'int(os.environ["LOCAL_RANK"])',
 ])
-def test_the_notebooks_own_local_rank_map_is_kept_and_said_to_be_right(written):
+def test_the_notebooks_own_local_rank_map_becomes_the_same_map_that_also_runs_on_a_cpu(written):
+    code, changes = run(InjectDeviceMap, f"model = AutoModelForCausalLM.from_pretrained(name, device_map={written})\n")
+    assert code == "model = AutoModelForCausalLM.from_pretrained(name, device_map=ddp.device_map())\n"
+    assert changes == [(1, f"replaced device_map={written} (the notebook's own LOCAL_RANK map names the rank's GPU, "
+                           "which a CPU run lacks; ddp.device_map() is the same map on GPUs and also runs on a CPU)")]
+
+
+def test_a_local_rank_map_of_parts_of_the_model_is_kept_with_a_note():
+    written = '{"model": local_rank, "lm_head": 0}'
     code, changes = run(InjectDeviceMap, f"model = AutoModelForCausalLM.from_pretrained(name, device_map={written})\n")
     assert code == f"model = AutoModelForCausalLM.from_pretrained(name, device_map={written})\n"
     assert changes == [(1, f"kept device_map={written}: the notebook's own LOCAL_RANK map puts each rank on its own "

@@ -5,8 +5,9 @@ GPUs and `0`/`"cuda"` would put every rank on GPU 0. Matched loaders: `X.from_pr
 is `FastLanguageModel`, `FastModel`, `FastVisionModel`, `AutoModel*`, `AutoPeftModel*`, `*ForCausalLM`
 or `*ForConditionalGeneration`. Replaced: the maps that split a model (`"auto"`, `"sequential"`, Unsloth's
 `"unsloth"` planner, ...) and those that put it on GPU 0. Tokenizers and processors are not models and are left
-alone. A notebook's own per-rank map (`{"": int(os.environ["LOCAL_RANK"])}`, `{"": local_rank}`) is right on GPUs
-and is kept, with a note.
+alone. A notebook's own per-rank map of the whole model (`{"": int(os.environ["LOCAL_RANK"])}`, `{"": local_rank}`)
+is right on GPUs, but names a GPU a CPU run does not have: it is replaced too, by the same map on GPUs. One that maps
+parts of the model by the local rank is kept, with a note.
 """
 import libcst as cst
 import libcst.matchers as m
@@ -58,6 +59,15 @@ def _reads_local_rank(node: cst.BaseExpression) -> bool:
         name.value in LOCAL_RANK_NAMES for name in m.findall(node, m.Name()))
 
 
+def _whole_model_on_local_rank(node: cst.BaseExpression) -> bool:
+    """`{"": <the local rank>}` or `<the local rank>` alone: the whole model on the rank's own device, what
+    `ddp.device_map()` gives."""
+    if m.matches(node, m.Dict(elements=[m.DictElement(key=m.SimpleString())])):
+        key = node.elements[0].key
+        return key.evaluated_value == "" and _reads_local_rank(node.elements[0].value)
+    return not isinstance(node, cst.Dict) and _reads_local_rank(node)
+
+
 class InjectDeviceMap(Rewrite):
     NAME = "inject-device-map"
     DESCRIPTION = "Model loaders get device_map=ddp.device_map(): each rank loads the whole model on its own GPU."
@@ -81,6 +91,9 @@ class InjectDeviceMap(Rewrite):
             reason = "Unsloth's planner splits the model across GPUs; under torchrun each rank must hold its own copy"
         elif _on_first_gpu(value):
             reason = "puts every rank on GPU 0; each rank must use its own GPU"
+        elif _whole_model_on_local_rank(given.value):
+            reason = ("the notebook's own LOCAL_RANK map names the rank's GPU, which a CPU run lacks; "
+                      "ddp.device_map() is the same map on GPUs and also runs on a CPU")
         elif _reads_local_rank(given.value):
             self.record(given, f"kept {written}: the notebook's own LOCAL_RANK map puts each rank on its own GPU "
                                "(it needs GPUs; ddp.device_map() also runs on a CPU)")
