@@ -244,8 +244,8 @@ def _failure(fields):
         return None
     record = _error_record(fields.get("error_file"))
     message, origin = _message_and_origin(record)
-    report = record.get("extraInfo", {}).get("py_callstack") if isinstance(record, dict) else None
-    return RankFailure(int(rank[1]), int(rank[2]), int(exitcode[1]), int(exitcode[2]), message, origin, report)
+    return RankFailure(int(rank[1]), int(rank[2]), int(exitcode[1]), int(exitcode[2]), message, origin,
+                       _callstack(record))
 
 
 def read_error_file(path):
@@ -268,8 +268,15 @@ def _message_and_origin(record):
         return None, None
     if not isinstance(record, dict):
         return str(record), None
-    callstack = record.get("extraInfo", {}).get("py_callstack", "")
-    return record.get("message"), _origin_line(callstack)
+    message, callstack = record.get("message"), _callstack(record)
+    return None if message is None else str(message), _origin_line(callstack) if callstack else None
+
+
+def _callstack(record):
+    """The report (traceback) of an error file's `message` record; None when it has none (or not as text)."""
+    extra = record.get("extraInfo") if isinstance(record, dict) else None
+    callstack = extra.get("py_callstack") if isinstance(extra, dict) else None
+    return callstack if isinstance(callstack, str) else None
 
 
 def _origin_line(report):
@@ -294,7 +301,7 @@ def find_output_dir(script, script_args):
         return value
     try:
         defaults = parameters.read_defaults(notebook_run.to_notebook(script), script)
-    except (OSError, NotebookError):
+    except (OSError, ValueError, NotebookError):  # ValueError: a script that is not UTF-8 text
         return None
     return defaults.get("output_dir")
 

@@ -254,3 +254,21 @@ def test_an_error_every_rank_raised_is_written_out_once(tmp_path):
     files = [error_file(tmp_path / f"{rank}.json", message, rank=rank) for rank in (0, 1)]
     text = describe(1, summary((0, 1, files[0], message), (1, 1, files[1], message)))
     assert text.splitlines()[1:] == [f"  rank 0 failed: {message}", "  rank 1 failed too: the same error"]
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe not json", b"[1, 2]", b'{"message": "text only"}',
+                                     b'{"message": {"message": "X", "extraInfo": "not a dict"}}',
+                                     b'{"message": {"message": ["X"], "extraInfo": {"py_callstack": 5}}}'])
+def test_an_error_file_of_any_bytes_never_crashes_the_report(tmp_path, content):
+    path = tmp_path / "error.json"
+    path.write_bytes(content)
+    message, origin = failure_report.read_error_file(str(path))
+    assert origin is None and (message is None or isinstance(message, str))
+    text = describe(1, summary((1, 1, str(path), "..."), (0, -15)))
+    assert text.splitlines()[1].startswith("  rank 1 failed: ")
+
+
+def test_a_script_that_is_not_text_has_no_output_dir_to_report(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_bytes(b"\xff\xfe\x00 not a script")
+    assert find_output_dir(script, []) is None
