@@ -2,7 +2,8 @@
 
 A message is the whole line ("smoke: ...", "launch: ...", the runtime's "nbddp: ..."): info and debug lines go to
 stdout, warnings and errors to stderr, whichever streams are current when it is written (pytest's capture, a
-Jupyter kernel's). `pipeline.py -q` sets the level to WARNING, `-v` to DEBUG; the smoke run's kernel and torchrun's
+Jupyter kernel's). A `detail` line is for the run's logs: it goes to stderr, starting DETAIL_PREFIX, and
+`pipeline.py`'s console leaves it out (orchestration.console_noise) unless -v, which prints it as a debug line. `pipeline.py -q` sets the level to WARNING, `-v` to DEBUG; the smoke run's kernel and torchrun's
 workers get it as NBDDP_LOG_LEVEL (`environment`), which this module reads when it is imported.
 """
 import logging
@@ -12,6 +13,7 @@ import sys
 LEVEL_ENV = "NBDDP_LOG_LEVEL"  # DEBUG, INFO (the default), WARNING or ERROR
 # Where a smoke run's kernel writes its training progress lines, which the parent echoes (papermill_stderr).
 PROGRESS_FILE_ENV = "NBDDP_PROGRESS_FILE"
+DETAIL_PREFIX = "nbddp: details: "
 LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
 
 logger = logging.getLogger("nbddp")
@@ -34,6 +36,22 @@ def info(message: str) -> None:
 
 def warning(message: str) -> None:
     logger.warning(message)
+
+
+def detail(message: str) -> None:
+    """A line for the run's logs, not the console: `DETAIL_PREFIX` + `message`, on stdout as a debug line with -v,
+    else on stderr (which the workers' log files keep and `pipeline.py` does not echo)."""
+    text = DETAIL_PREFIX + message
+    if logger.isEnabledFor(logging.DEBUG):
+        logger.debug(text)
+        return
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+def verbose() -> bool:
+    """Debug lines are on (`-v`): the console shows everything, other libraries' progress bars included."""
+    return logger.isEnabledFor(logging.DEBUG)
 
 
 def set_level(level: int) -> None:

@@ -5,6 +5,8 @@ a list and run without a shell. `--nproc-per-node auto` means one process per vi
 without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too. SIGINT or SIGTERM stops torchrun and
 every worker, and says where to resume (`stopping`). The workers get the `nbddp` logger's level as NBDDP_LOG_LEVEL
 (`nbddp.log`); with `-q` and a log folder, the console shows their stderr only (their stdout is in the folder).
+Their stderr reaches the console without other libraries' progress bars and warnings unless -v (console_noise): the
+log folder keeps every rank's, and TORCHRUN_LOG all of torchrun's.
 """
 
 import os
@@ -21,6 +23,7 @@ from nbddp.orchestration import (devices, environment, failure_report, files, ha
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
 DEFAULT_RDZV_ID = "nbddp"
+TORCHRUN_LOG = "torchrun.stderr.log"  # in the log folder: all of torchrun's stderr, which the console gets filtered
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class LaunchPlan:
     script: str | None = None  # and its flags: where a failure report finds the training output_dir
     script_args: tuple = ()
     processes: int | None = None  # on this node: a failure report names those that torchrun does not list
+    log_dir: str | None = None  # torchrun's --log-dir: every rank's output, and torchrun's own stderr (TORCHRUN_LOG)
 
     def describe(self):
         """One shell line a user can paste to run the same thing."""
@@ -97,7 +101,7 @@ def plan_launch(script, script_args=(), options=LaunchOptions(), log_dir=None, e
         command += ["--log-dir", str(log_dir), *(["--redirects", "1", "--tee", "2"] if log.quiet() else ["--tee", "3"])]
     command += [str(script), *script_args]
     return LaunchPlan(command, env_additions(processes, environ) | (extra_env or {}), str(script), tuple(script_args),
-                      processes)
+                      processes, None if log_dir is None else str(log_dir))
 
 
 # Set for the workers unless the user has; the SLURM job script sets the same (slurm.py).
@@ -134,7 +138,8 @@ def execute(plan, environ=None):
     env = environment.child_environment(environ=environ) | log.environment() | plan.env_additions
     try:
         with hang_watch.watching(env) as watch:
-            status, stderr = stderr_tail.run(plan.command, env)
+            log_path = None if plan.log_dir is None else os.path.join(plan.log_dir, TORCHRUN_LOG)
+            status, stderr = stderr_tail.run(plan.command, env, log_path)
     except stopping.Interrupted as stopped:
         output_dir = _output_dir(plan, env)
         resume = f"; {failure_report.resume_hint(output_dir)}" if output_dir else ""

@@ -1,6 +1,6 @@
-"""Run papermill with its stderr shown as it comes (the progress bar), up to its own traceback, and kept whole
-in a log file; and, on the same console, each line the kernel appends to a progress file (its training progress,
-`nbddp.runtime.reporting.progress`) as it comes.
+"""Run papermill with its stderr shown as it comes, up to its own traceback and without its cell progress bar
+(console_noise; both with -v), and kept whole in a log file; and, on the same console, each line the kernel appends
+to a progress file (its training progress, `nbddp.runtime.reporting.progress`) as it comes.
 
 When a cell fails, papermill ends with a traceback of its own command line (click's frames), then
 `PapermillExecutionError` and every frame of the cell's exception, often a hundred lines of library
@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 
-from nbddp.orchestration import stopping
+from nbddp.orchestration import console_noise, stopping
 
 TRACEBACK_START = "Traceback (most recent call last):"
 
@@ -24,7 +24,8 @@ def run(command, env, log_path, progress_path=None) -> int:
     A SIGINT or SIGTERM stops papermill and its kernel and raises stopping.Interrupted (the console echoes no more)."""
     with open(log_path, "w", encoding="utf-8") as log, \
             stopping.child(command, env=env, stderr=subprocess.PIPE) as (process, stop):
-        console = _UntilTraceback(sys.stderr)
+        shown = console_noise.Filtered(sys.stderr)
+        console = _UntilTraceback(shown)
         done = threading.Event()
         follower = None if progress_path is None else threading.Thread(
             target=_follow, args=(progress_path, console, done), daemon=True)
@@ -43,6 +44,7 @@ def run(command, env, log_path, progress_path=None) -> int:
         if stop.signum is not None:
             console.stop()
         console.close()
+        shown.close()
         return process.wait()
 
 

@@ -235,11 +235,14 @@ def active() -> tuple[str, ...]:
 
 
 def announce() -> None:
-    """One info line naming the active patches; a warning per patched library whose installed version is outside
-    TESTED. For rank 0."""
+    """One info line counting the active patches (their names: a `log.detail` line, for the logs and -v); a warning
+    per patched library whose installed version is outside TESTED. For rank 0."""
     if not _active:
         return
-    log.info(f"nbddp: patched: {', '.join(_active)} (why: nbddp/runtime/patches.py)")
+    libraries = sorted({PATCHES[name].library for name in _active} - {"python"})
+    log.info(f"nbddp: {len(_active)} patches of {', '.join(libraries) or 'Python'} for DDP (why: "
+             "nbddp/runtime/patches.py; the names: -v, or the run's logs)")
+    log.detail(f"patched: {', '.join(_active)}")
     for library, (low, high) in TESTED.items():
         installed = _version(library)
         patched = [name for name in _active if PATCHES[name].library == library]

@@ -31,9 +31,11 @@ def test_text_that_only_looks_like_a_traceback_start_is_passed_on():
 
 
 def test_run_echoes_up_to_the_traceback_and_logs_all_of_it(tmp_path, capfd):
-    code = "import sys; sys.stderr.write('50%\\r100%\\n'); raise ValueError('boom')"
+    code = ("import sys; sys.stderr.write('Executing:  50%|#   | 1/2 [00:01<00:01]\\rExecuting: 100%|\\n'); "
+            "sys.stderr.write('Input Notebook: x.ipynb\\n'); raise ValueError('boom')")
     status = papermill_stderr.run([sys.executable, "-c", code], None, tmp_path / "log")
     assert status == 1
-    assert capfd.readouterr().err == "50%\r100%\n"
+    assert capfd.readouterr().err == "Input Notebook: x.ipynb\n"  # its cell bar: in the log (and with -v)
     logged = (tmp_path / "log").read_bytes().decode()
-    assert logged.startswith("50%\r100%\nTraceback (most recent call last):") and "ValueError: boom" in logged
+    assert logged.startswith("Executing:  50%|#   | 1/2 [00:01<00:01]\rExecuting: 100%|\nInput Notebook: x.ipynb\n"
+                             "Traceback (most recent call last):") and "ValueError: boom" in logged

@@ -27,9 +27,8 @@ def test_the_flags_set_the_level_while_the_command_runs(monkeypatch):
 
 
 def test_quiet_and_verbose_are_one_or_the_other(capsys):
-    with pytest.raises(SystemExit) as exited:
-        cli.main(["smoke", "-q", "-v"])
-    assert exited.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert cli.main(["smoke", "-q", "-v"]) == 2  # one paragraph, not argparse's usage block
+    assert "error: argument -v/--verbose: not allowed with argument -q/--quiet" in capsys.readouterr().err
 
 
 def test_info_lines_go_to_stdout_warnings_to_stderr_and_quiet_keeps_only_warnings(capsys, quiet):
@@ -42,22 +41,31 @@ def test_a_quiet_run_keeps_the_workers_stdout_in_its_logs_and_tells_them(monkeyp
     plan = launch.plan_launch("train.py", log_dir="runs/x/logs", environ={})
     assert plan.command[-6:-1] == ["runs/x/logs", "--redirects", "1", "--tee", "2"]
     started = []
-    monkeypatch.setattr(launch.stderr_tail, "run", lambda command, env: started.append(env) or (0, ""))
+    monkeypatch.setattr(launch.stderr_tail, "run", lambda command, env, log_path=None: started.append(env) or (0, ""))
     launch.execute(plan)
     assert started[0][log.LEVEL_ENV] == "WARNING" and started[0]["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
 
 
-def test_the_kernels_progress_lines_are_echoed_on_lines_of_their_own(tmp_path, capfd):
+@pytest.mark.parametrize("level, shown", [
+    (logging.INFO, "nbddp: step 1/3 (33%)\nnbddp: step 2/3 (66%)\n"),  # papermill's cell bar: in its log only
+    (logging.DEBUG, "Executing:  50%|#    | 1/2\nnbddp: step 1/3 (33%)\nnbddp: step 2/3 (66%)\n"
+                    "\rExecuting: 100%|#####| 2/2\n"),  # -v: everything
+])
+def test_the_kernels_progress_lines_are_echoed_on_lines_of_their_own(tmp_path, capfd, level, shown):
     progress = tmp_path / "progress.log"
     progress.write_text("")
     code = ("import sys, time\n"
-            "sys.stderr.write('Executing:  50%'); sys.stderr.flush()\n"
+            "sys.stderr.write('Executing:  50%|#    | 1/2'); sys.stderr.flush()\n"
             f"open({str(progress)!r}, 'a').write('nbddp: step 1/3 (33%)\\nnbddp: step 2/3')\n"
             "time.sleep(1)\n"
             f"open({str(progress)!r}, 'a').write(' (66%)\\n')\n"
             "time.sleep(1)\n"
-            "sys.stderr.write('\\rExecuting: 100%\\n')\n")
-    assert papermill_stderr.run([sys.executable, "-c", code], None, tmp_path / "log", progress) == 0
-    assert capfd.readouterr().err == ("Executing:  50%\nnbddp: step 1/3 (33%)\nnbddp: step 2/3 (66%)\n"
-                                      "\rExecuting: 100%\n")
-    assert (tmp_path / "log").read_bytes().decode() == "Executing:  50%\rExecuting: 100%\n"  # papermill's own
+            "sys.stderr.write('\\rExecuting: 100%|#####| 2/2\\n')\n")
+    before = log.logger.level
+    log.set_level(level)
+    try:
+        assert papermill_stderr.run([sys.executable, "-c", code], None, tmp_path / "log", progress) == 0
+    finally:
+        log.set_level(before)
+    assert capfd.readouterr().err == shown
+    assert (tmp_path / "log").read_bytes().decode() == ("Executing:  50%|#    | 1/2\rExecuting: 100%|#####| 2/2\n")

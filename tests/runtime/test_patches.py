@@ -132,7 +132,9 @@ def test_rank_0_names_the_active_patches_and_warns_outside_the_tested_versions(m
     monkeypatch.setattr(patches, "_version", {"transformers": "5.99.0", "torch": "2.13.0+cpu"}.get)
     patches.announce()
     out, err = capsys.readouterr()
-    assert out == "nbddp: patched: clone-model-loss, notebook-display (why: nbddp/runtime/patches.py)\n"
+    assert out == ("nbddp: 2 patches of transformers for DDP (why: nbddp/runtime/patches.py; the names: -v, or the "
+                   "run's logs)\n")
+    assert err.startswith("nbddp: details: patched: clone-model-loss, notebook-display\n")  # for the logs
     assert "transformers 5.99.0 is installed, and nbddp's patches of it (clone-model-loss) were tested on " \
            "transformers 4.56 to 5.17" in err
     assert "torch" not in err

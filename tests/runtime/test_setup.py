@@ -37,7 +37,7 @@ def test_setup_reports_backend_and_world(cpu_script_mode, capsys):
     strategy, backend, patched = capsys.readouterr().out.splitlines()
     assert strategy == "nbddp: --strategy auto: ddp: no CUDA GPU, and accelerate runs FSDP only on GPUs"
     assert backend == "nbddp: backend=hf (Transformers+PEFT fallback: no CUDA) strategy=ddp world_size=1 device=cpu"
-    assert patched == f"nbddp: patched: {', '.join(patches.active())} (why: nbddp/runtime/patches.py)"
+    assert patched.startswith(f"nbddp: {len(patches.active())} patches of ")
     assert {"notebook-display", "unsloth-fallback-module", "trl-unsloth-arguments", "checkpoint-markers"} <= set(
         patches.active())
     assert sys.modules["unsloth"].FastLanguageModel
