@@ -127,8 +127,26 @@ def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None):
     curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
     title = f"{Path(run_dir).name}\n{metrics.batch_plan['text'].split(' (')[0]}" if metrics.batch_plan else Path(
         run_dir).name
-    lines.append(f"  loss curve:    {plots.plot_loss_panels([(title, curves)], run_dir / 'loss_curve.png', markers={'held-out loss'})}")
+    panels = [(title, curves)]
+    for path, other in other_trainers(output_dir):  # a later trainer of the script with the same output_dir
+        lines.append(f"  {path.parent.name}:     {_trainer_figures(other)} ({path})")
+        panels.append((path.parent.name, {"train loss": other.losses, "held-out loss": other.eval_losses}))
+    lines.append(f"  loss curve:    {plots.plot_loss_panels(panels, run_dir / 'loss_curve.png', markers={'held-out loss'})}")
     return "\n".join(lines)
+
+
+def other_trainers(output_dir):
+    """(path, Metrics) of the records of the script's later trainers with this output_dir, in their order: the k-th
+    writes `<output_dir>/trainer-<k>/metrics.jsonl` (nbddp.runtime.trainer.training_checkpoints)."""
+    found = [path for path in Path(output_dir).glob(f"trainer-*/{METRICS_FILE}")
+             if path.parent.name.removeprefix("trainer-").isdigit()]
+    return [(path, read_metrics(path)) for path in sorted(found, key=lambda p: int(p.parent.name.split("-")[1]))]
+
+
+def _trainer_figures(metrics) -> str:
+    steps = metrics.losses[-1][0] if metrics.losses else 0
+    return (f"{steps} steps, train loss {_figure(metrics.final_train_loss, '.4f')} (final step), held-out loss "
+            f"{_figure(metrics.eval_loss, '.4f')}")
 
 
 def saved_models(root, since, runs_root=RUNS_ROOT, depth=3):

@@ -97,6 +97,21 @@ def test_the_summary_finds_the_adapter_and_tensorboard_logs(tmp_path):
     assert "metrics:       none" in summary
 
 
+def test_the_summary_reads_every_trainers_record(tmp_path):
+    # Two trainers of the script with output_dir "train": the second's record is beside its checkpoints.
+    output_dir = tmp_path / "train"
+    for folder, losses in ((output_dir, [3.0, 2.5]), (output_dir / "trainer-2", [2.0, 1.5, 1.25])):
+        folder.mkdir(parents=True)
+        records = [{"step": step, "loss": loss} for step, loss in enumerate(losses, start=1)]
+        records.append({"event": "eval", "step": len(losses), "eval_loss": losses[-1] + 0.5})
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records))
+    summary = summarise(tmp_path, output_dir, tmp_path / "logs")
+    assert "train loss:    2.5000 (final step)" in summary and "held-out loss: 3.0000" in summary
+    assert (f"  trainer-2:     3 steps, train loss 1.2500 (final step), held-out loss 1.7500 "
+            f"({output_dir / 'trainer-2' / 'metrics.jsonl'})") in summary
+    assert (tmp_path / "loss_curve.png").is_file()
+
+
 def test_without_metrics_jsonl_the_summary_reads_the_last_checkpoints_trainer_state(tmp_path):
     # A notebook not written for nbddp has no MetricsCallback; Trainer's own log_history still has the losses.
     for step, loss in ((3, 9.0), (60, 5.5)):
