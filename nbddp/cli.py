@@ -328,6 +328,12 @@ def run_regress(args) -> int:
 
 
 WORKFLOW = """\
+install (a clone's path, or git+URL):
+  CPU: pip install --extra-index-url https://download.pytorch.org/whl/cpu /path/to/nbddp-clone
+                                              torch's CPU build, no CUDA packages
+  GPU: pip install '/path/to/nbddp-clone[unsloth]'
+                                              with Unsloth (PyPI's Linux torch wheels are CUDA builds)
+
 the usual flow:
   nbddp new DIR                               a starter project to try it on: notebooks, data, a tiny model
   python pipeline.py export                   notebooks/ -> generated/train.py, with a report of every rewrite

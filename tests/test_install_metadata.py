@@ -64,10 +64,56 @@ def test_gpu_host_versions_satisfy_the_ranges():
     assert check_stack(stack, project()["dependencies"]) == []
 
 
-def test_torch_is_a_range_that_2_11_to_2_14_satisfy():
+def declared_ranges(requirements) -> dict[str, str]:
+    """{name: its version range, in `patches.tested_range`'s form} for each requirement naming a library the
+    runtime patches: `>=4.56.2,<5.18` reads `>=4.56,<5.18` (the tested releases are major.minor), `==2026.10.9`
+    `>=2026.10,<2026.11`."""
+    from packaging.version import Version
+
+    from nbddp.runtime import patches
+
+    ranges = {}
+    for requirement in map(Requirement, requirements):
+        if requirement.name not in patches.TESTED:
+            continue
+        bounds = {spec.operator: Version(spec.version).release for spec in requirement.specifier}
+        low, high = bounds.get(">=", bounds.get("==")), bounds.get("<")
+        if "==" in bounds:
+            high = (low[0], low[1] + 1)
+        ranges[requirement.name] = f">={low[0]}.{low[1]},<{high[0]}.{high[1]}"
+    return ranges
+
+
+def test_the_declared_ranges_are_the_tested_ones():
+    # An installed nbddp gets only the releases its patches were tested on: its first run never warns about them
+    # (runtime/patches.py, TESTED), and its warning's advice is this same range.
+    from nbddp.runtime import patches
+
+    declared = declared_ranges(project()["dependencies"] + project()["optional-dependencies"]["unsloth"])
+    assert declared == {library: patches.tested_range(library) for library in patches.TESTED}
+    assert declared["torch"] == ">=2.11,<2.14"
     (torch,) = [Requirement(r) for r in project()["dependencies"] if Requirement(r).name == "torch"]
-    assert all(torch.specifier.contains(v) for v in ("2.11.0", "2.12.1", "2.13.0+cpu", "2.14.1"))
-    assert not any(s.operator == "==" for s in torch.specifier)
+    assert not any(s.operator == "==" for s in torch.specifier)  # the index chooses the build: CPU or CUDA
+
+
+def test_every_stack_the_suite_runs_is_a_tested_one():
+    from nbddp.runtime import patches
+
+    stacks = [requirements_pins(), requirements_pins("requirements-notebooks.txt"),
+              requirements_pins() | {canonicalize_name(name): version for name, version in GPU_HOST.items()}]
+    for pins in stacks:
+        assert check_stack(pins, [f"{library}{patches.tested_range(library)}" for library in patches.TESTED],
+                           complete=False) == []
+
+
+def test_readme_and_the_commands_help_give_the_same_install_commands():
+    from nbddp import cli
+
+    readme = (ROOT / "README.md").read_text()
+    commands = [line.split(": ", 1)[1] for line in cli.WORKFLOW.splitlines() if line.startswith(("  CPU: ", "  GPU: "))]
+    assert commands == ["pip install --extra-index-url https://download.pytorch.org/whl/cpu /path/to/nbddp-clone",
+                        "pip install '/path/to/nbddp-clone[unsloth]'"]
+    assert all(f"\n{command}\n" in readme for command in commands)
 
 
 def test_unsloth_extra_is_the_readme_gpu_install():

@@ -5,11 +5,13 @@ The fresh environment borrows the dependencies of the one running the tests thro
 the .pth files of a folder added that way, so the editable install of this repository stays out of it), and every
 command starts in a temporary folder without PYTHONPATH: only the wheel's nbddp can be imported.
 """
+import email.parser
 import os
 import subprocess
 import sys
 import sysconfig
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,12 +29,19 @@ def run(command, cwd, timeout=300, **environment):
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory):
+def wheel(tmp_path_factory):
+    """nbddp's wheel, built from this repository."""
+    work = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(REPO),
+         "-w", str(work)], cwd=work)
+    (built,) = work.glob("nbddp-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, wheel):
     """The bin/ folder of a fresh virtual environment holding nbddp installed from its wheel."""
     work = tmp_path_factory.mktemp("wheel")
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation", str(REPO),
-         "-w", str(work / "dist")], cwd=work)
-    (wheel,) = (work / "dist").glob("nbddp-*.whl")
     run([sys.executable, "-m", "venv", str(work / "venv")], cwd=work)
     bin_dir = work / "venv" / "bin"
     purelib = run([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
@@ -40,6 +49,21 @@ def installed(tmp_path_factory):
     (Path(purelib) / "borrowed-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     run([str(bin_dir / "python"), "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", str(wheel)], cwd=work)
     return bin_dir
+
+
+@pytest.mark.e2e
+def test_the_wheel_declares_the_tested_ranges(wheel):
+    # What pip installs is the wheel's metadata, not pyproject.toml: its torch, transformers, trl, accelerate and
+    # datasets ranges are the releases nbddp's patches were tested on, so the first run warns about none of them.
+    from test_install_metadata import declared_ranges
+
+    from nbddp.runtime import patches
+
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = [entry for entry in archive.namelist() if entry.endswith(".dist-info/METADATA")]
+        metadata = email.parser.Parser().parsestr(archive.read(name).decode())
+    requirements = [line.split(";")[0] for line in metadata.get_all("Requires-Dist")]
+    assert declared_ranges(requirements) == {library: patches.tested_range(library) for library in patches.TESTED}
 
 
 @pytest.mark.e2e

@@ -149,6 +149,9 @@ TESTED = {
     "unsloth": ("2026.10", "2026.10"),
 }
 
+# Where pip finds torch's CPU builds (PyPI's Linux wheels are CUDA builds, with several GB of CUDA libraries).
+TORCH_CPU_INDEX = "--extra-index-url https://download.pytorch.org/whl/cpu"
+
 MARK = "nbddp_patches"  # on a wrapper: the names of the patches it carries, inner wrappers' included
 _MISSING = object()
 
@@ -249,10 +252,18 @@ def announce() -> None:
         if installed is None or not patched or _within(installed, low, high):
             continue
         tested = low if low == high else f"{low} to {high}"
+        index = f" (on a CPU machine, add {TORCH_CPU_INDEX})" if library == "torch" else ""
         log.warning(f"nbddp: warning: {library} {installed} is installed, and nbddp's patches of it "
                     f"({', '.join(patched)}) were tested on {library} {tested}; if training fails inside "
-                    f"{library}, install a tested version (pip install -r requirements.txt, or "
-                    f"requirements-notebooks.txt for the notebooks' pinned stack)")
+                    f"{library}, install a tested version: pip install '{library}{tested_range(library)}'{index}")
+
+
+def tested_range(library: str) -> str:
+    """The pip version range of the releases of `library` TESTED: `>=2.11,<2.14` for torch tested on 2.11 to 2.13
+    (pyproject.toml declares these; tests/test_install_metadata.py checks it)."""
+    low, high = TESTED[library]
+    major, minor = Version(high).release[:2]
+    return f">={low},<{major}.{minor + 1}"
 
 
 def _check(patch: str) -> None:

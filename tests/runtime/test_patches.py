@@ -137,6 +137,9 @@ def test_rank_0_names_the_active_patches_and_warns_outside_the_tested_versions(m
     assert err.startswith("nbddp: details: patched: clone-model-loss, notebook-display\n")  # for the logs
     assert "transformers 5.99.0 is installed, and nbddp's patches of it (clone-model-loss) were tested on " \
            "transformers 4.56 to 5.17" in err
+    # advice that works for an installed tool, not a clone's requirements file
+    assert err.endswith("if training fails inside transformers, install a tested version: pip install "
+                        "'transformers>=4.56,<5.18'\n")
     assert "torch" not in err
 
 
