@@ -1,11 +1,11 @@
 """`--batch-layout auto` in `pipeline.py smoke` and `run`: prove the fuller layout on the smoke device first.
 
-The smoke run trains its steps in the notebook's layout as torchrun's N processes would (NBDDP_PLAN_PROCESSES=N:
-the runtime lays the batch out for N processes, its one device taking all N shares of each step in turn). A second
-smoke run trains the same steps in the fuller layout those processes will use: `--batch_layout auto`, same seed,
-same data order. The two are equal in exact arithmetic (Trainer
-normalises each step's loss by the tokens of the whole step, whatever its micro batches); what differs is
-rounding in matrix products of other shapes. `run` launches torchrun with `--batch_layout b` (the proven micro
+One smoke run, with one model load, trains its steps twice from the same start (nbddp.runtime.memory.
+smoke_layout_check): in the notebook's layout as torchrun's N processes would (NBDDP_PLAN_PROCESSES=N: the runtime
+lays the batch out for N processes, its one device taking all N shares of each step in turn), then in the fuller
+layout those processes will use (`--batch_layout auto`), same weights, random state and data order. The two are
+equal in exact arithmetic (Trainer normalises each step's loss by the tokens of the whole step, whatever its micro
+batches); what differs is rounding in matrix products of other shapes. `run` launches torchrun with `--batch_layout b` (the proven micro
 batch) when every step's training loss agrees within the tolerance, else with `--batch_layout notebook`, saying why.
 
 Tolerance, relative per step. On the CPU (float32), the tiny model's first 3 steps, notebook 4 x 4 against the
@@ -17,14 +17,18 @@ and 3.9e-5 (3B conversational) over the first 3 steps, 3.2e-4 over all 60. GPU_T
 the largest of the first three.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from nbddp.formats import metrics
 from nbddp.orchestration.metrics import read_metrics
 from nbddp.orchestration.parameters import BATCH_LAYOUT
 CPU_TOLERANCE = 1e-4
 GPU_TOLERANCE = 1e-3
 PLAN_PROCESSES = "NBDDP_PLAN_PROCESSES"
+LAYOUT_CHECK = "NBDDP_LAYOUT_CHECK"  # where the runtime puts the notebook layout's metrics (smoke_layout_check)
+NOTEBOOK_LAYOUT_METRICS = "metrics-notebook-layout.jsonl"  # in the smoke run's folder
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class LayoutCheck:
     max_rel_diff: float | None
     tolerance: float
     reason: str = ""  # why the fuller layout is not used, when it is not
+    wall_s: float | None = None  # what training the steps again in the fuller layout took
 
     @property
     def differs(self) -> bool:
@@ -66,8 +71,9 @@ class LayoutCheck:
 def compare(notebook_metrics: Path | None, fuller_metrics: Path | None, tolerance: float) -> LayoutCheck:
     """Compare the two smoke runs' metrics.jsonl files (see the module)."""
     if notebook_metrics is None or fuller_metrics is None:
-        return LayoutCheck(None, None, 0, None, tolerance, "a smoke run wrote no metrics.jsonl: the notebook's "
-                                                           "layout is used")
+        return LayoutCheck(None, None, 0, None, tolerance, "the smoke run did not train in both layouts (its "
+                                                           "trainer wrote no metrics.jsonl, or trained once: see its "
+                                                           "output): the notebook's layout is used")
     notebook, fuller = read_metrics(notebook_metrics), read_metrics(fuller_metrics)
     check = LayoutCheck(notebook.batch_plan, fuller.batch_plan, 0, None, tolerance)
     if not check.differs:
@@ -86,17 +92,20 @@ def compare(notebook_metrics: Path | None, fuller_metrics: Path | None, toleranc
 
 
 def prove(notebook, script, defaults, user, visible, timeout, run_dir, extra_env, processes):
-    """The two smoke runs (see the module) into `run_dir`/smoke and `run_dir`/smoke-auto, on the device `visible`,
-    for `processes` torchrun processes; prints and returns the LayoutCheck."""
+    """The smoke run in both layouts (see the module) into `run_dir`/smoke, on the device `visible`, for
+    `processes` torchrun processes; prints and returns the LayoutCheck."""
     from nbddp.orchestration import smoke  # here: smoke imports this module
 
-    planned = (extra_env or {}) | {PLAN_PROCESSES: str(processes)}
-    notebook_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "notebook"}, visible, timeout,
-                                   run_dir / "smoke", planned)
-    print(f"smoke: --batch-layout auto: the same steps in the layout of {_processes(processes)}", flush=True)
-    fuller_run = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
-                                 run_dir / "smoke-auto", planned)
-    check = compare(notebook_run.metrics, fuller_run.metrics, GPU_TOLERANCE if visible else CPU_TOLERANCE)
+    print(f"smoke: --batch-layout auto: the smoke steps in the notebook's layout, then in the fuller one, for "
+          f"{_processes(processes)}", flush=True)
+    notebook_layout = (run_dir / "smoke" / NOTEBOOK_LAYOUT_METRICS).resolve()
+    env = (extra_env or {}) | {PLAN_PROCESSES: str(processes), LAYOUT_CHECK: str(notebook_layout)}
+    result = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
+                             run_dir / "smoke", env)
+    written = notebook_layout if notebook_layout.exists() else None
+    check = compare(written, result.metrics, GPU_TOLERANCE if visible else CPU_TOLERANCE)
+    timed = metrics.events(metrics.read(written), "layout_check") if written else []
+    check = dataclasses.replace(check, wall_s=timed[-1]["wall_s"] if timed else None)
     print(f"smoke: layout check: {check.describe()}", flush=True)
     return check
 

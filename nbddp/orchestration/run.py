@@ -1,7 +1,7 @@
 """`pipeline.py run`: export check -> smoke -> torchrun, stopping at the first failure, then a summary.
 
-With `--batch-layout auto`, a second smoke run (`smoke-auto/`) trains the same steps in the fuller layout and
-torchrun gets it only if the losses agree (layout_check).
+With `--batch-layout auto`, the smoke run trains the same steps again in the fuller layout and torchrun gets it
+only if the losses agree (layout_check). The summary splits the run's wall time into its phases.
 Everything lands in `runs/<UTC timestamp>-run/`: `smoke/` (the smoke run), `train/` (the training
 run's output_dir, unless -p output_dir says otherwise), `logs/` (every rank's stdout/stderr) and
 `loss_curve.png`. A SIGINT or SIGTERM, at any stage, stops it and every process it started (`stopping`).
@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.errors import NbddpError
+from nbddp.formats import metrics as metrics_format
 from nbddp.formats.metrics import METRICS_FILE
 from nbddp.formats.sourcemap import SourceMap
 from nbddp.orchestration import devices, files, launch, layout_check, parameters, plots, smoke, stopping
@@ -48,6 +49,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`, `strategy`) go to torchrun and
     (but for the run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both,
     as NBDDP_SET."""
+    times = {"began": time.time()}  # when each phase began, for the summary's wall time split
     notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout, strategy)  # in 2 s
     overrides_env = parameters.checked_overrides_environment(overrides)  # from the cached schema: in 2 s too
     check_export_fresh(script)
@@ -66,6 +68,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
     smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
     check = None
+    times["smoke"] = time.time()
     if user.get(parameters.BATCH_LAYOUT) == "auto":
         processes = options.processes(os.environ) * options.nnodes  # the world torchrun will run
         check = layout_check.prove(notebook, script, defaults, smoke_user, visible, timeout, run_dir, overrides_env,
@@ -76,21 +79,24 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     else:
         smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke", overrides_env)
     log.logger.info(f"launch: {plan.describe()}")
+    times["launched"] = time.time()
     status = launch.execute(plan)
+    times["finished"] = time.time()
     if status != 0:
         raise LaunchFailed(status, logs)
     # the notebook's own saves: in the project around its folder (the cells' working directory)
     project = parameters.project_folder(user)
     summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check,
-                        saved=saved_models(project, started, runs_root), wall_s=time.time() - started)
+                        saved=saved_models(project, started, runs_root), wall_s=time.time() - times["began"],
+                        times=times)
     print(summary, flush=True)
     return summary
 
 
-def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None):
+def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None, times=None):
     """The summary text; draws loss_curve.png in `run_dir` from the training run's metrics; `check`: the smoke
     run's layout check (`--batch-layout auto`); `saved`: the models the notebook's own code saved (`saved_models`);
-    `wall_s`: how long the whole command took."""
+    `wall_s`: how long the whole command took; `times`: the time.time() each phase of it began (`run`)."""
     lines = [f"run: done; everything is in {run_dir}"]
     if check is not None:
         lines.append(f"  layout check:  {check.describe()}")
@@ -100,6 +106,8 @@ def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None):
                  + (" (the last checkpoint's)" if in_checkpoint else ""))
     lines += [f"  saved by the notebook: {path}" for path in saved]
     lines.append(f"  logs:          {logs}")
+    if wall_s is not None and times is not None:
+        lines.append(f"  wall time:     {_wall_time(wall_s, times, check, output_dir / METRICS_FILE)}")
     events = sorted(output_dir.rglob("events.out.tfevents*")) if output_dir.exists() else []
     if events:
         lines.append(f"  TensorBoard:   tensorboard --logdir {os.path.commonpath([e.parent for e in events])}")
@@ -147,6 +155,27 @@ def _trainer_figures(metrics) -> str:
     steps = metrics.losses[-1][0] if metrics.losses else 0
     return (f"{steps} steps, train loss {_figure(metrics.final_train_loss, '.4f')} (final step), held-out loss "
             f"{_figure(metrics.eval_loss, '.4f')}")
+
+
+def _wall_time(wall_s, times, check, metrics_path) -> str:
+    """`95.0 s: export and checks 3.1 s, smoke 25.0 s, ...`: the phases of `run` from `times` (began, smoke,
+    launched, finished), the layout check's own time, and where the training run's `end` record puts its training
+    (`ended_at` less `train_runtime`) inside torchrun's: its start before, the cells after it (saves) after."""
+    layout_s = (check.wall_s or 0.0) if check is not None else 0.0
+    phases = [("export and checks", times["smoke"] - times["began"]),
+              ("smoke", times["launched"] - times["smoke"] - layout_s)]
+    if check is not None:
+        phases.append(("layout check", layout_s))
+    records = metrics_format.read(metrics_path, strict=False) if metrics_path.exists() else []
+    ends = [record for record in metrics_format.events(records, "end")
+            if all(isinstance(record.get(name), (int, float)) for name in ("ended_at", "train_runtime"))]
+    if ends:
+        ended_at, training = ends[-1]["ended_at"], ends[-1]["train_runtime"]
+        phases += [("torchrun start", ended_at - training - times["launched"]), ("training", training),
+                   ("saves", times["finished"] - ended_at)]
+    else:
+        phases.append(("torchrun", times["finished"] - times["launched"]))
+    return f"{wall_s:.1f} s: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases)
 
 
 def saved_models(root, since, runs_root=RUNS_ROOT, depth=3):

@@ -47,7 +47,7 @@ def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeou
     `flags` are `(name, text)` pairs from `-p NAME VALUE`; `device` is None (first GPU, else CPU),
     `cpu` or a GPU index; `timeout` is per cell, in seconds. `overrides` are `NAME=VALUE` lines from
     `--set` (training arguments; checked before anything runs); `batch_layout` is `--batch-layout`'s value
-    (None: the script's default); with `auto` it smoke-runs both layouts into `smoke/` and `smoke-auto/` and
+    (None: the script's default); with `auto` it smoke-runs both layouts in one run into `smoke/` and
     compares them (layout_check), returning None. Raises NotebookRunFailed (exit 1) at the source notebook cell and line of
     a failing cell.
     """

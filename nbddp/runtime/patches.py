@@ -98,6 +98,10 @@ PATCHES = {
     "batch-layout-at-train": Patch(
         "transformers.Trainer.train", "transformers", "every run",
         "--batch_layout auto lays out the batch once the trainer knows its model and data (memory.fuller_batch)"),
+    "layout-check-in-smoke": Patch(
+        "transformers.Trainer.train", "transformers", "smoke runs",
+        "the smoke run trains its steps in the notebook's layout and again in the fuller one, from one model load "
+        "(memory.smoke_layout_check)"),
     "one-process-eval-loss": Patch(
         "transformers.Trainer.evaluation_loop", "transformers", "every run",
         "the held-out loss of N processes is the loss of 1, whatever the padding (trainer.eval_loss)"),

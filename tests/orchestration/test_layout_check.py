@@ -1,13 +1,20 @@
-"""`--batch-layout auto`'s smoke check: two smoke runs, compared step by step, decide torchrun's layout."""
+"""`--batch-layout auto`'s smoke check: one smoke run trains both layouts, compared step by step, to decide torchrun's
+layout."""
 import json
+import os
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
-from nbddp.orchestration import layout_check, smoke
+from nbddp.orchestration import layout_check
 from nbddp.orchestration.launch import LaunchOptions
 from nbddp.orchestration.run import run
 
 from .conftest import needs_generated_script
+
+HOOK = Path(__file__).resolve().parents[1] / "fixtures" / "e2e" / "sitecustomize.py"
 
 
 def metrics_file(path, plan, losses):
@@ -46,31 +53,51 @@ def test_the_same_layout_or_missing_metrics_launch_the_notebooks(tmp_path):
     assert steps.launch_layout() == "notebook" and "different steps" in steps.describe()
 
 
+@pytest.fixture
+def hook(tmp_path, monkeypatch):
+    """tests/fixtures/e2e/sitecustomize.py in every process the run starts (they inherit our environment)."""
+    folder = tmp_path / "hook"
+    folder.mkdir()
+    shutil.copy(HOOK, folder / "sitecustomize.py")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+    return folder
+
+
+def wall_time_split(summary):
+    """(the run's wall time, [(phase, seconds)]) from the summary's `wall time:` line."""
+    whole, parts = re.search(r"wall time: +([\d.]+) s: (.*)", summary).groups()
+    return float(whole), [(name, float(seconds)) for name, seconds in re.findall(r"([a-z][a-z ]*) ([\d.-]+) s", parts)]
+
+
 @pytest.mark.e2e
 @needs_generated_script
-def test_run_launches_the_proven_layout(repo_root, tmp_path):
+def test_run_launches_the_proven_layout(repo_root, tmp_path, hook, monkeypatch):
+    """One smoke process proves the layout: one model load before torchrun (each of its 2 processes loads its own),
+    and the summary's wall time split adds up to the run's wall time."""
+    loads = tmp_path / "loads.log"
+    monkeypatch.setenv("NBDDP_E2E_LOAD_LOG", str(loads))
     flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "2")]  # per process
     summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path,
                   batch_layout="auto")
-    assert ("layout check:  micro batch 8 x 1 per process against 4 x 2 (--batch_layout notebook) on 2 processes"
-            in summary)
+    assert ("layout check:  micro batch 8 x 1 per process against 4 x 2 (--batch_layout notebook) on 2 processes, "
+            "3 steps on one device: max relative loss difference" in summary)
     assert "torchrun uses micro batch 8" in summary
     assert "batch:         global batch 16 rows = 8 per device x 1 accumulation x 2 processes" in summary
+    ranks = [line.split()[0] for line in loads.read_text().splitlines()]
+    assert sorted(ranks) == ["-", "0", "1"]  # "-": the smoke kernel, before torchrun
+    whole, phases = wall_time_split(summary)
+    assert [name for name, _ in phases] == ["export and checks", "smoke", "layout check", "torchrun start",
+                                            "training", "saves"]
+    assert all(seconds > 0 for _, seconds in phases), summary
+    assert sum(seconds for _, seconds in phases) == pytest.approx(whole, rel=0.05), summary
 
 
 @pytest.mark.e2e
 @needs_generated_script
-def test_a_planted_difference_is_refused(repo_root, tmp_path, monkeypatch):
-    """The fuller smoke run gets another seed (another data order): not the same training, so torchrun must get
-    the notebook's layout."""
-    run_smoke = smoke.run_smoke
-
-    def plant(notebook, script, defaults, user, visible, timeout, run_dir, extra_env=None):
-        if run_dir.name == "smoke-auto":
-            extra_env = {**(extra_env or {}), "NBDDP_SET": "seed=7"}
-        return run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra_env)
-
-    monkeypatch.setattr(smoke, "run_smoke", plant)
+def test_a_planted_difference_is_refused(repo_root, tmp_path, hook, monkeypatch):
+    """The layout check's second training gets another seed (another data order): not the same training, so
+    torchrun must get the notebook's layout."""
+    monkeypatch.setenv("NBDDP_E2E_LAYOUT_CHECK_SEED", "7")
     flags = [("max_steps", "4"), ("eval_steps", "100"), ("gradient_accumulation_steps", "2")]  # per process
     summary = run(flags=flags, options=LaunchOptions("2"), device="cpu", timeout=900, runs_root=tmp_path,
                   batch_layout="auto")

@@ -158,6 +158,23 @@ def test_the_summary_says_when_nothing_was_saved(tmp_path):
     assert "adapter:       none found" in summary
 
 
+def test_the_summary_splits_the_wall_time_at_the_training_runs_end(tmp_path):
+    """torchrun's time is split where its `end` record says training ran; with a layout check, the smoke run's
+    second training is its own phase."""
+    from nbddp.orchestration.layout_check import LayoutCheck
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "end", "step": 4, "train_runtime": 20.0,
+                                                        "ended_at": 1070.0}) + "\n")
+    times = {"began": 1000.0, "smoke": 1002.0, "launched": 1030.0, "finished": 1075.0}
+    check = LayoutCheck(None, None, 0, None, 1e-4, "kept", wall_s=8.0)
+    summary = summarise(tmp_path, tmp_path, tmp_path / "logs", check, wall_s=76.0, times=times)
+    assert ("wall time:     76.0 s: export and checks 2.0 s, smoke 20.0 s, layout check 8.0 s, torchrun start "
+            "20.0 s, training 20.0 s, saves 5.0 s\n") in summary
+    (tmp_path / "metrics.jsonl").unlink()  # no end record: torchrun's time in one
+    summary = summarise(tmp_path, tmp_path, tmp_path / "logs", wall_s=76.0, times=times)
+    assert "wall time:     76.0 s: export and checks 2.0 s, smoke 28.0 s, torchrun 45.0 s\n" in summary
+
+
 @pytest.mark.e2e
 @needs_generated_script
 def test_the_example_pipeline_runs_on_two_cpu_processes(repo_root, tmp_path):
@@ -167,3 +184,16 @@ def test_the_example_pipeline_runs_on_two_cpu_processes(repo_root, tmp_path):
     assert len(metric_lines(run_dir / "train" / "metrics.jsonl")) == 4
     assert f"adapter:       {run_dir / 'train' / 'lora_adapter'}" in summary
     assert "tensorboard --logdir" in summary and "n/a" not in summary
+
+
+def test_the_summary_shows_the_gpus_use_where_it_was_measured(tmp_path):
+    steps = [{"step": s, "loss": 2.0, "tokens": 100, "tokens_per_s": 1e3, "peak_mem_gib": 1.0, "time_s": s, "mfu": m}
+             for s, m in ((1, 0.10), (2, 0.30), (3, 0.32))]
+    basis = {"event": "utilization", "device": "NVIDIA H100 80GB HBM3", "peak_flops_per_s": 7.5e14,
+             "convention": "model FLOPs (...)"}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [basis, *steps]))
+    summary = summarise(tmp_path, tmp_path, tmp_path / "logs")
+    assert ("GPU use (MFU): 30.0% (median over steps) of 750 TFLOP/s, the bf16 matmul rate measured on NVIDIA H100 "
+            "80GB HBM3; model FLOPs (...)\n") in summary
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({**r, "mfu": None}) + "\n" for r in steps))
+    assert "MFU" not in summarise(tmp_path, tmp_path, tmp_path / "logs")  # on a CPU

@@ -79,19 +79,21 @@ def activate(backend: str) -> None:
 
 def _patch_trainer() -> None:
     """Trainers honour and check the gradient checkpointing the notebook chose (see `memory.gradient_checkpointing`),
-    lay out the batch at train() under `--batch_layout auto` (see `fuller_batch`), their held-out loss on N processes is
+    lay out the batch at train() under `--batch_layout auto` (see `fuller_batch`; in a smoke run, in both layouts:
+    `smoke_layout_check`), their held-out loss on N processes is
     one process's (see `eval_loss`), a multimodal model's unused tower adapters do not stop DDP (see
     `unused_parameters`), and nbddp's progress and metrics callbacks join every trainer (see `trainer_patches`),
     with the gathering of an FSDP model's adapter under `--strategy fsdp` (see `fsdp`)."""
     from transformers import Trainer
 
-    from nbddp.runtime.memory import fuller_batch
+    from nbddp.runtime.memory import fuller_batch, smoke_layout_check
     from nbddp.runtime.trainer import fsdp, unused_parameters
     from nbddp.runtime.trainer.eval_loss import patch_evaluation_loop
     from nbddp.runtime.trainer.trainer_patches import register_callbacks
 
     gradient_checkpointing.patch_trainer(Trainer)
     fuller_batch.patch_trainer(Trainer)
+    smoke_layout_check.patch_trainer(Trainer)  # around fuller_batch's
     patch_evaluation_loop(Trainer)
     unused_parameters.patch_trainer(Trainer)
     register_callbacks()
