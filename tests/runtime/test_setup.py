@@ -86,10 +86,9 @@ def test_unsloth_on_cpu_raises_in_a_kernel(cpu_script_mode, monkeypatch, tmp_pat
     assert sys.excepthook is before  # a kernel reports errors itself
 
 
-def test_imports_stay_light():
-    # `--help` answers before torch loads; Unsloth must be imported before transformers/trl/peft/datasets, which
-    # only the hf backend's setup imports (to patch TRL); the runtime never loads the export or orchestration tools.
-    # A fresh interpreter, since this one has imported them all.
+def run_setup(log_level):
+    """A fresh interpreter (this one has imported everything) that prints which heavy modules `from nbddp import
+    runtime` loaded, runs the hf backend's setup as a generated script does, then prints which tools it loaded."""
     code = textwrap.dedent(
         """
         import sys
@@ -99,24 +98,33 @@ def test_imports_stay_light():
         print(sorted(m for m in ("libcst", "jupytext", "papermill", "IPython") if m in sys.modules))
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "NBDDP_LOG_LEVEL": log_level})
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[0] == "[]"
-    assert result.stdout.splitlines()[-1] == "[]"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def setup_at_info():
+    """One setup at the default log level, read by two tests (a child takes seconds of imports)."""
+    return run_setup("INFO")
+
+
+def test_imports_stay_light(setup_at_info):
+    # `--help` answers before torch loads; Unsloth must be imported before transformers/trl/peft/datasets, which
+    # only the hf backend's setup imports (to patch TRL); the runtime never loads the export or orchestration tools.
+    assert setup_at_info.splitlines()[0] == "[]"
+    assert setup_at_info.splitlines()[-1] == "[]"
 
 
 def test_flags_module_is_what_the_package_exports():
     assert runtime.apply_flags is flags.apply_flags
 
 
-@pytest.mark.parametrize("level, shown", [("INFO", True), ("WARNING", False)])
-def test_the_runtimes_info_lines_follow_nbddps_log_level(level, shown):
+def test_the_runtimes_info_lines_follow_nbddps_log_level(setup_at_info):
     # `pipeline.py launch -q` gives the workers NBDDP_LOG_LEVEL=WARNING: the runtime's `nbddp: ...` info lines go.
-    code = 'from nbddp import runtime; runtime.setup(backend="hf", script=None)'
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "NBDDP_LOG_LEVEL": level})
-    assert result.returncode == 0, result.stderr
-    assert ("nbddp: backend=hf" in result.stdout) is shown
+    assert "nbddp: backend=hf" in setup_at_info
+    assert "nbddp: backend=hf" not in run_setup("WARNING")
 
 
 def test_the_paths_notebooks_imported_before_the_rooms_still_import_the_same_modules():
