@@ -61,15 +61,24 @@ def test_a_legacy_none_does_not_replace_a_default(new_config, capsys):
     assert capsys.readouterr().out.count("Unsloth:") == 2  # push_to_hub_token and the 4
 
 
-def test_a_removed_keyword_is_a_usage_error_with_the_advice(new_config):
+def test_a_removed_keyword_is_dropped_with_unsloths_warning_and_the_advice(new_config, capsys):
+    config = new_config(max_prompt_length=256, warmup_steps=3)
+    assert not hasattr(config, "max_prompt_length") and config.warmup_steps == 3
+    assert capsys.readouterr().out == (
+        "Unsloth: `max_prompt_length` is not supported by the installed TRL's GRPOConfig and will be IGNORED - filter "
+        "overlong prompts out of your dataset before training instead.\n")
+    new_config(group_by_length=True)
+    assert capsys.readouterr().out == (
+        "Unsloth: `group_by_length` is not supported by the installed transformers's GRPOConfig and will be IGNORED - "
+        'set `train_sampling_strategy = "group_by_length"` instead.\n')
+
+
+def test_a_removed_keyword_given_on_the_command_line_is_refused_with_the_advice(new_config):
     with pytest.raises(UsageError, match=r"GRPOConfig\(max_prompt_length=\.\.\.\): the installed TRL \(\S+\) has no "
                                          r"`max_prompt_length` in GRPOConfig any more .*filter overlong prompts out of "
                                          r"your dataset before training instead\. Remove `max_prompt_length`.*"
                                          r"trl==0\.22\.2"):
-        new_config(max_prompt_length=256)
-    with pytest.raises(UsageError, match=r"the installed transformers \(\S+\) .*`group_by_length`.*"
-                                         r'train_sampling_strategy = "group_by_length"'):
-        new_config(group_by_length=True)
+        config_keywords.current_name(new_config, "max_prompt_length")
 
 
 def test_a_keyword_a_later_trl_added_is_dropped_when_it_asks_for_what_this_one_does(capsys):
@@ -126,6 +135,5 @@ def test_grpo_max_prompt_length_where_grpo_config_has_none(monkeypatch, tmp_path
     config_keywords.patch_config(GRPOConfig)
     if "max_prompt_length" in {field.name for field in dataclasses.fields(GRPOConfig)}:  # TRL before 0.28
         assert GRPOConfig(output_dir=str(tmp_path), max_prompt_length=256, bf16=False).max_prompt_length == 256
-    else:
-        with pytest.raises(UsageError, match=r"GRPOConfig\(max_prompt_length=\.\.\.\).*filter overlong prompts"):
-            GRPOConfig(output_dir=str(tmp_path), max_prompt_length=256, bf16=False)
+    else:  # dropped, as Unsloth drops it
+        assert not hasattr(GRPOConfig(output_dir=str(tmp_path), max_prompt_length=256, bf16=False), "max_prompt_length")

@@ -3,10 +3,11 @@
 Most of Unsloth's notebooks were written for transformers 4.56 and trl 0.22 (their install cell pins them):
 `GRPOConfig(warmup_ratio=0.1, max_prompt_length=256, ...)`. Unsloth's compiled configs pass their keywords
 through unsloth/models/rl_config_compat.py: a keyword the installed config no longer takes, with a documented new
-name, is forwarded to that name with a one-line notice; a removed one is dropped with advice. `forward` does the
-same for the same keywords (the tables below are Unsloth 2026.10.9's), with the same notice, but refuses a removed
-keyword with a UsageError: dropped, the run would train something other than what the notebook says. Only keywords
-the config rejects are looked up, so on the notebooks' own stack nothing changes.
+name, is forwarded to that name with a one-line notice; a removed one is dropped with one warning that names it and
+gives the library's advice. `forward` does the same for the same keywords (the tables below are Unsloth
+2026.10.9's), with the same words, so a notebook runs on the fallback as it runs under Unsloth. A removed keyword
+given on the command line (`--set`) is the user's own and is refused instead (`current_name`). Only keywords the
+config rejects are looked up, so on the notebooks' own stack nothing changes.
 The other way round, a notebook pinning an older TRL may pass a keyword a later TRL added (`TRL_ADDED`); Unsloth
 drops any keyword its config does not take, with a notice. `forward` drops it too when its value asks for what the
 older TRL always does (`SFTConfig(loss_type="nll")` on TRL 0.22), and refuses any other value.
@@ -87,7 +88,8 @@ TRL_ADDED = {
 def forward(config_class, kwargs: dict) -> dict:
     """`kwargs` for `config_class(...)`, with each keyword the config rejects but has a new name for moved to that
     name, printing Unsloth's notice (rank 0); given with its new name too, the old one is left out, with a notice.
-    UsageError for a keyword the installed library removed; other keywords are left for the config to judge."""
+    A keyword the installed library removed is dropped with Unsloth's warning and the library's advice; other
+    keywords are left for the config to judge."""
     accepted = accepted_keywords(config_class)
     forwarded = dict(kwargs)
     for key, value in kwargs.items():
@@ -109,7 +111,11 @@ def forward(config_class, kwargs: dict) -> dict:
         if _added_later(config_class, key, value):
             del forwarded[key]
             continue
-        current_name(config_class, key)  # UsageError for a removed keyword
+        who, advice = _removal(key)
+        if advice is not None:
+            del forwarded[key]
+            _notify(f"Unsloth: `{key}` is not supported by the installed {who}'s {config_class.__name__} and will be "
+                    f"IGNORED - {advice}.")
     return forwarded
 
 
@@ -129,7 +135,7 @@ def current_name(config_class, key: str) -> str | None:
 
 
 def patch_config(config_class) -> None:
-    """`config_class(...)` (a TRL config) takes the renamed keywords and refuses the removed ones, as `forward`
+    """`config_class(...)` (a TRL config) takes the renamed keywords and drops the removed ones, as `forward`
     says; patching twice is once."""
     def make(original):
         @functools.wraps(original)
