@@ -34,7 +34,7 @@ class Filtered:
         self.stream = stream
         self.everything = log.verbose()
         self.pending = ""
-        self.after_warning = False
+        self.warned = set()  # the prefixes (ranks) whose last line was a warning: their next may be its source line
         self.mid_line = False
 
     def write(self, text):
@@ -59,9 +59,11 @@ class Filtered:
         self.stream.flush()
 
     def _line(self, line):
-        text = PREFIX.sub("", line)
-        under_warning = self.after_warning and text.startswith("  ")  # `  super().__init__(loader)`
-        self.after_warning = bool(WARNING.match(text))
+        prefix = PREFIX.match(line)
+        prefix = prefix.group() if prefix else ""
+        text = line[len(prefix):]
+        under_warning = prefix in self.warned and text.startswith("  ")  # `  super().__init__(loader)`
+        (self.warned.add if WARNING.match(text) else self.warned.discard)(prefix)
         if not (under_warning or noise(line)):
             self._pass(line)
 

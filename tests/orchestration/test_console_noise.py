@@ -55,6 +55,15 @@ def test_a_warnings_source_line_goes_with_it_and_whole_lines_pass(level):
     assert console.getvalue().endswith("[default0]:nbddp: ok") and shown.mid_line
 
 
+def test_each_ranks_warning_keeps_its_source_line_when_the_ranks_interleave(level):
+    level(logging.INFO)
+    console = io.StringIO()
+    shown = console_noise.Filtered(console)
+    shown.write("[default0]:/d.py:759: UserWarning: pin\n[default1]:/d.py:759: UserWarning: pin\n"
+                "[default1]:  super().__init__(loader)\n[default0]:  super().__init__(loader)\n")
+    assert console.getvalue() == ""
+
+
 def test_verbose_passes_everything_as_it_comes(level):
     level(logging.DEBUG)
     console = io.StringIO()
