@@ -209,26 +209,9 @@ def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE,
         raise UsageError("apply_chat_template: pass tokenizer=, the tokenizer the template is for")
     if isinstance(tokenizer, ProcessorMixin):
         tokenizer = tokenizer.tokenizer
-    extra_eos_tokens = [] if extra_eos_tokens is None else [extra_eos_tokens] if isinstance(extra_eos_tokens, str) \
-        else list(extra_eos_tokens)
-    original_extra_eos_tokens = list(extra_eos_tokens)
-    vocab = tokenizer.get_vocab()
-    for extra_eos in extra_eos_tokens:
-        if not isinstance(extra_eos, str) or extra_eos not in vocab:
-            raise UsageError(f"apply_chat_template: extra_eos_tokens' {extra_eos!r} is not a single token of the "
-                             "tokenizer")
-    if tokenizer.eos_token is not None:
-        extra_eos_tokens.insert(0, tokenizer.eos_token)
-    if not extra_eos_tokens:
-        raise UsageError("apply_chat_template: the tokenizer has no EOS token; give one in extra_eos_tokens=")
-    tokenizer_name = tokenizer.name_or_path.lower()
-    if tokenizer_name.startswith(("unsloth/llama-3-8b-instruct", "unsloth/llama-3-70b-instruct")):
-        extra_eos_tokens.append("<|eot_id|>")
-    elif ("<|eot_id|>" in extra_eos_tokens or "<|eot_id|>" in chat_template) and \
-            tokenizer_name.startswith(("unsloth/llama-3-8b", "unsloth/llama-3-70b")):
-        logger.warning("Unsloth: Base llama-3 models did not train <|eot_id|>.\n"
-                       "Please use the instruct version or use <|end_of_text|>")
-    extra_eos_tokens = list(dict.fromkeys(extra_eos_tokens))  # not a set: the first is the EOS appended below
+    original_extra_eos_tokens = [] if extra_eos_tokens is None else [extra_eos_tokens] \
+        if isinstance(extra_eos_tokens, str) else list(extra_eos_tokens)
+    extra_eos_tokens = _eos_tokens(tokenizer, original_extra_eos_tokens, chat_template)
     count_eos = sum(len(re.findall(r"{OUTPUT}" + re.escape(eos), chat_template)) for eos in extra_eos_tokens)
     try:
         system_part, input_part, output_part = _two_examples(chat_template, extra_eos_tokens)
@@ -246,24 +229,57 @@ def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE,
         logger.warning("Unsloth: We automatically added an EOS token to stop endless generations.")
         output_part = output_part + extra_eos_tokens[0]
 
-    ollama_system = system_part  # the BOS token goes in the system prompt
-    has_bos_token = always_bos_token = False
-    if tokenizer("A").input_ids[0] == getattr(tokenizer, "bos_token_id", None):
-        always_bos_token = True
-        if ollama_system.startswith(tokenizer.bos_token):
-            has_bos_token = True
-            ollama_system = ollama_system[len(tokenizer.bos_token) :]
-    if "{SYSTEM}" in ollama_system:
-        system_modelfile = "{{ if .System }}" + ollama_system.replace("{SYSTEM}", "{{ .System }}") + "{{ end }}"
+    always_bos_token = tokenizer("A").input_ids[0] == getattr(tokenizer, "bos_token_id", None)
+    has_bos_token = always_bos_token and system_part.startswith(tokenizer.bos_token)
+    modelfile = _ollama_modelfile(tokenizer, system_part[len(tokenizer.bos_token):] if has_bos_token else system_part,
+                                  input_part, output_part, extra_eos_tokens)
+    jinja_template, system_line = _jinja_template(tokenizer, system_part, input_part, output_part,
+                                                  default_system_message, has_bos_token, always_bos_token)
+    input_index, output_index = input_part.find("{INPUT}"), output_part.find("{OUTPUT}")
+    if input_index == -1 or output_index == -1:
+        raise UsageError(f"apply_chat_template: the {'instruction' if input_index == -1 else 'response'} section of "
+                         f"the template must contain the {'{INPUT}' if input_index == -1 else '{OUTPUT}'} placeholder")
+    return modelfile + system_line, jinja_template, input_part[:input_index], output_part[:output_index]
+
+
+def _eos_tokens(tokenizer, extra_eos_tokens: list, chat_template: str) -> list[str]:
+    """The tokens that end a response: the tokenizer's EOS first, then `extra_eos_tokens` (each must be one token),
+    and Llama-3 instruct's <|eot_id|>; UsageError when there is none, or one is not a token."""
+    vocab = tokenizer.get_vocab()
+    for extra_eos in extra_eos_tokens:
+        if not isinstance(extra_eos, str) or extra_eos not in vocab:
+            raise UsageError(f"apply_chat_template: extra_eos_tokens' {extra_eos!r} is not a single token of the "
+                             "tokenizer")
+    tokens = ([tokenizer.eos_token] if tokenizer.eos_token is not None else []) + list(extra_eos_tokens)
+    if not tokens:
+        raise UsageError("apply_chat_template: the tokenizer has no EOS token; give one in extra_eos_tokens=")
+    tokenizer_name = tokenizer.name_or_path.lower()
+    if tokenizer_name.startswith(("unsloth/llama-3-8b-instruct", "unsloth/llama-3-70b-instruct")):
+        tokens.append("<|eot_id|>")
+    elif ("<|eot_id|>" in tokens or "<|eot_id|>" in chat_template) and \
+            tokenizer_name.startswith(("unsloth/llama-3-8b", "unsloth/llama-3-70b")):
+        logger.warning("Unsloth: Base llama-3 models did not train <|eot_id|>.\n"
+                       "Please use the instruct version or use <|end_of_text|>")
+    return list(dict.fromkeys(tokens))  # not a set: the first is the EOS appended to a response without one
+
+
+def _ollama_modelfile(tokenizer, system_part, input_part, output_part, eos_tokens) -> str:
+    """Ollama's Modelfile for the parts (the system part without its BOS token)."""
+    if "{SYSTEM}" in system_part:
+        system_modelfile = "{{ if .System }}" + system_part.replace("{SYSTEM}", "{{ .System }}") + "{{ end }}"
     else:
-        system_modelfile = ollama_system
+        system_modelfile = system_part
     input_modelfile = "{{ if .Prompt }}" + input_part.replace("{INPUT}", "{{ .Prompt }}") + "{{ end }}"
     output_modelfile = output_part.replace("{OUTPUT}", "{{ .Response }}")
-    ollama_eos = "\n".join(f'PARAMETER stop "{eos}"' for eos in get_ollama_eos_tokens(tokenizer, extra_eos_tokens))
+    ollama_eos = "\n".join(f'PARAMETER stop "{eos}"' for eos in get_ollama_eos_tokens(tokenizer, eos_tokens))
     ollama_eos += "\nPARAMETER temperature 1.5\nPARAMETER min_p 0.1"  # against gibberish
-    modelfile = ('FROM {__FILE_LOCATION__}\n\nTEMPLATE """' + system_modelfile + input_modelfile + output_modelfile
-                 + '"""\n\n' + ollama_eos)
+    return ('FROM {__FILE_LOCATION__}\n\nTEMPLATE """' + system_modelfile + input_modelfile + output_modelfile
+            + '"""\n\n' + ollama_eos)
 
+
+def _jinja_template(tokenizer, system_part, input_part, output_part, default_system_message, has_bos_token,
+                    always_bos_token) -> tuple[str, str]:
+    """(the Jinja chat template, the Modelfile's SYSTEM line for a default system message, or "")."""
     input_jinja, output_jinja = _jinja_expression(input_part, "{INPUT}"), _jinja_expression(output_part, "{OUTPUT}")
     jinja_template = (
         "{% for message in loop_messages %}"
@@ -273,6 +289,7 @@ def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE,
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '" + _escape_jinja_literal(output_part[: output_part.find("{OUTPUT}")])
         + "' }}{% endif %}")
+    system_line = ""
     if system_part:
         if has_bos_token:  # strip the BOS while raw: an escaped one no longer matches
             system_part = system_part.replace(tokenizer.bos_token, "", 1)
@@ -282,7 +299,7 @@ def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE,
         if default_system_message is not None:
             full_system = _escape_jinja_literal(system_part.replace("{SYSTEM}", default_system_message))
             if "{SYSTEM}" in system_part:
-                modelfile += '\nSYSTEM "' + default_system_message + '"'
+                system_line = '\nSYSTEM "' + default_system_message + '"'
             partial_system += "{% else %}{{ '" + full_system + "' }}{% set loop_messages = messages %}{% endif %}"
         elif "{SYSTEM}" in system_part:
             partial_system += "{% else %}{% set loop_messages = messages %}{% endif %}"
@@ -302,11 +319,7 @@ def construct_chat_template(tokenizer=None, chat_template=LLAMA3_TEMPLATE,
         r"{{ '\1' }}{% for message in messages %}", jinja_template, flags=re.MULTILINE | re.DOTALL)
     if always_bos_token and not jinja_template.startswith(("{{ bos_token }}", "{{- bos_token }}")):
         jinja_template = "{{ bos_token }}" + jinja_template
-    input_index, output_index = input_part.find("{INPUT}"), output_part.find("{OUTPUT}")
-    if input_index == -1 or output_index == -1:
-        raise UsageError(f"apply_chat_template: the {'instruction' if input_index == -1 else 'response'} section of "
-                         f"the template must contain the {'{INPUT}' if input_index == -1 else '{OUTPUT}'} placeholder")
-    return modelfile, jinja_template, input_part[:input_index], output_part[:output_index]
+    return jinja_template, system_line
 
 
 def _two_examples(chat_template: str, eos_tokens: list[str]) -> tuple[str, str, str]:
