@@ -186,3 +186,12 @@ def test_a_data_line_that_is_no_json_object_on_two_processes(tmp_path, scratch, 
     assert "rank 0 failed: DataError: " in result.stderr
     assert f'File "{REPO / "nbddp"}' not in result.stderr and 'pipeline.py", line' not in result.stderr
     assert not scratch["out"].exists()
+    assert not [proc for proc in Path("/proc").glob("[0-9]*/cmdline")
+                if str(data).encode() in _read_or_empty(proc)]  # no worker outlived the job
+
+
+def _read_or_empty(path):
+    try:
+        return path.read_bytes()
+    except OSError:  # the process ended meanwhile
+        return b""

@@ -47,7 +47,8 @@ def test_a_rank_that_exits_by_itself_is_named_first(tmp_path, when, status):
     report = result.stderr[result.stderr.rindex("nbddp: training failed"):].splitlines()
     assert report[1].startswith("  rank 1 ended early: exited with status 0 while the other ranks still ran (its "
                                 "script ended early)" if status == 0 else f"  rank 1 failed: exited with status 3 (pid ")
-    assert report[2].startswith("  rank 0 stopped after it: RuntimeError: ")
+    # its lost connection, or torchrun's SIGTERM when torchrun saw rank 1's status first
+    assert report[2].startswith("  rank 0 stopped after it: ")
     assert f"[rank 1] nbddp: this rank ends here with status {status} while the other ranks go on (they stop at " \
            "their next collective); " in result.stderr
     assert "comes from notebooks/03_train.ipynb, cell 6, line 1" in result.stderr
