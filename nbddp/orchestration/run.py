@@ -132,6 +132,8 @@ def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None, time
     lines.append(f"  held-out loss: {_figure(metrics.eval_loss, '.4f')}")
     lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f', ' (median over steps)')}")
     lines.append(f"  peak memory:   {_figure(metrics.max_peak_mem_gib, '.2f', ' GiB')}")
+    if metrics.median_mfu is not None and metrics.utilization is not None:  # measured on a GPU, Llama-style model
+        lines.append(f"  GPU use (MFU): {_utilization(metrics)}")
     curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
     title = f"{Path(run_dir).name}\n{metrics.batch_plan['text'].split(' (')[0]}" if metrics.batch_plan else Path(
         run_dir).name
@@ -155,6 +157,13 @@ def _trainer_figures(metrics) -> str:
     steps = metrics.losses[-1][0] if metrics.losses else 0
     return (f"{steps} steps, train loss {_figure(metrics.final_train_loss, '.4f')} (final step), held-out loss "
             f"{_figure(metrics.eval_loss, '.4f')}")
+
+
+def _utilization(metrics) -> str:
+    """The median MFU, with what it is measured against."""
+    basis = metrics.utilization
+    return (f"{metrics.median_mfu:.1%} (median over steps) of {basis['peak_flops_per_s'] / 1e12:,.0f} TFLOP/s, the "
+            f"bf16 matmul rate measured on {basis['device']}; {basis['convention']}")
 
 
 def _wall_time(wall_s, times, check, metrics_path) -> str:
