@@ -55,7 +55,7 @@ prequantize() {  # folder: the tiny Llama saved already quantized (as unsloth/*-
   python3 - "$1" <<'EOF'
 import shutil, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples.tiny_model import ensure_weights
 base = ensure_weights("models/tiny-llama")
 shutil.copytree(base, f"{sys.argv[1]}/tiny-llama", dirs_exist_ok=True)
 config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
@@ -92,7 +92,7 @@ EOF
 import json, os, torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples.tiny_model import ensure_weights
 out = {}
 runs = ("fsdp_bf16", "ddp_bf16", "fsdp_qlora", "ddp_qlora", "fsdp_qlora_prequantized", "fsdp_resume_full",
         "fsdp_resume_resumed", "fsdp_qlora_resume_full", "fsdp_qlora_resume_resumed")

@@ -35,7 +35,7 @@ own 60 steps and 2 x 4 layout unless LAYOUT_MAX_STEPS is set. A part starts only
 fit before the deadline, a trial only if it is expected to end before it (a pair's A only if its B fits too);
 one running at the deadline is stopped. After every trial `<out>/layout_1gpu.json` is rewritten (`summarize`).
 
-CPU check (no GPU, no Unsloth): LAYOUT_TINY=1 puts the tiny model (nbddp.runtime.backends.tiny_model.ensure_weights of
+CPU check (no GPU, no Unsloth): LAYOUT_TINY=1 puts the tiny model (nbddp.examples.tiny_model.ensure_weights of
 models/tiny-llama) under every stand-in name and shortens the rows (LAYOUT_MIN_TOKENS/LAYOUT_MAX_TOKENS, default
 128..256 with it; uniform lengths and the tiny tokenizer unless LAYOUT_LENGTHS/LAYOUT_VOCAB say otherwise); the
 script then runs on the Transformers+PEFT backend.
@@ -374,7 +374,7 @@ def materialize_model(shape, work):
     started = time.monotonic()
     if tiny_mode():
         sys.path.insert(0, str(REPO))
-        from nbddp.runtime.backends.tiny_model import ensure_weights
+        from nbddp.examples.tiny_model import ensure_weights
 
         return Path(ensure_weights(str(TINY_MODEL))), time.monotonic() - started
     for ready in model_candidates(shape, work):

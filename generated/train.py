@@ -142,7 +142,7 @@ with ddp.main_process_first():
 
 # %% 02_lora_setup.ipynb cell 5
 with ddp.main_process_first():
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     model_path = ensure_weights(model_name)
 

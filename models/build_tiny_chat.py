@@ -7,7 +7,7 @@ single tokens. Their strings come from nbddp/runtime/backends/unsloth_chat_templ
 template writes that has a "|" at an edge (<|im_start|>, <|turn>, <turn|>) or is [INST]/[/INST], and every stop word
 and renamed token of the table. The tokenizer's own chat template is the table's chatml.
 
-No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights("models/tiny-chat")` builds them from
+No weights are written: `nbddp.examples.tiny_model.ensure_weights("models/tiny-chat")` builds them from
 config.json (seeded), as for models/tiny-llama, whose model shape this reuses. Same inputs, same bytes:
 
     python models/build_tiny_chat.py                     # rewrite models/tiny-chat/

@@ -7,7 +7,7 @@ upsampling ratios 8, 6, 5, 4, so a 24 kHz waveform gives 12.5 frames a second, w
 tokenizer is models/tiny-chat's plus CSM's `<|AUDIO|>` and `<|audio_eos|>`; the chat template is the render loop
 of sesame/csm-1b's (`<s>[speaker]text</s><|AUDIO|><|audio_eos|>`), and the feature extractor Encodec's at 24 kHz.
 
-No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights("models/tiny-csm")` builds them from
+No weights are written: `nbddp.examples.tiny_model.ensure_weights("models/tiny-csm")` builds them from
 config.json (seeded). Built with Transformers 4.56 (the CSM notebook's stack); 5.x loads the files too:
 
     python models/build_tiny_csm.py                     # rewrite models/tiny-csm/

@@ -1,6 +1,6 @@
 """Write models/tiny-llama/: a small Llama config and a word-level tokenizer for data/tiny_instructions.jsonl.
 
-No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights("models/tiny-llama")` builds them from
+No weights are written: `nbddp.examples.tiny_model.ensure_weights("models/tiny-llama")` builds them from
 config.json (seeded), so the repository stays small. Same data, same bytes:
 
     python models/build_tiny_llama.py                     # rewrite models/tiny-llama/

@@ -5,7 +5,7 @@ the ids of its speech markers (128257..128265) and of SNAC's audio codes (128266
 rows itself, and generates them, so the stand-in's embeddings must reach 128266 + 7 * 4096. The tokenizer stays
 tiny-chat's (the notebook encodes only text with it); its embeddings are tied to keep the weights small.
 
-No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights("models/tiny-orpheus")` builds them from
+No weights are written: `nbddp.examples.tiny_model.ensure_weights("models/tiny-orpheus")` builds them from
 config.json (seeded), as for models/tiny-chat. Same inputs, same bytes:
 
     python models/build_tiny_orpheus.py                     # rewrite models/tiny-orpheus/

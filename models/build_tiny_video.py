@@ -2,7 +2,7 @@
 
 The stand-in for image+video models (tools/standins.py, VIDEO_MODELS): its processor has an image token, a video
 token and a video processor (`temporal_patch_size`, `fps`, `num_frames`), and its model takes `pixel_values` and
-`pixel_values_videos`. No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights` builds them from
+`pixel_values_videos`. No weights are written: `nbddp.examples.tiny_model.ensure_weights` builds them from
 config.json (seeded), as for models/tiny-vision. The files are written by hand as Transformers 5.x saves a
 Qwen2-VL processor (Qwen2-VL's video processor needs torchvision), so rebuilding gives the same bytes:
 

@@ -1,6 +1,6 @@
 """Write models/tiny-vision/: a tiny Llava config (CLIP vision tower, Llama text model), processor, chat template.
 
-No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights("models/tiny-vision")` builds them from
+No weights are written: `nbddp.examples.tiny_model.ensure_weights("models/tiny-vision")` builds them from
 config.json (seeded), as for models/tiny-llama. The files are written by hand, so Transformers 4.56 and 5.x both load
 them (`AutoProcessor`, `AutoModelForImageTextToText`) and rebuilding gives the same bytes:
 

@@ -1,6 +1,6 @@
 """Write models/tiny-whisper/: a tiny Whisper config, its tokenizer and feature extractor (a WhisperProcessor).
 
-No weights are written: `nbddp.runtime.backends.tiny_model.ensure_weights("models/tiny-whisper")` builds them from
+No weights are written: `nbddp.examples.tiny_model.ensure_weights("models/tiny-whisper")` builds them from
 config.json (seeded), as for models/tiny-llama. The files are written by hand, so Transformers 4.56 and 5.x both load
 them (`AutoProcessor`, `WhisperForConditionalGeneration`) and rebuilding gives the same bytes:
 

@@ -41,7 +41,7 @@ use_gradient_checkpointing = "auto"  # auto | unsloth | true | false: auto takes
 # process builds the weights and the others load them.)
 
 # %% tags=["main-process-first"]
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples.tiny_model import ensure_weights
 
 model_path = ensure_weights(model_name)
 

@@ -107,7 +107,7 @@ def test_two_processes_print_and_save_once_and_the_adapter_reproduces_the_traine
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     trained = torch.load(ddp_reference_runs / "trained_logits.pt")
     base_path = ensure_weights(str(REPO / "models" / "tiny-llama"))

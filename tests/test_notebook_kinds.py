@@ -49,7 +49,7 @@ def export(kind, work) -> tuple[Path, object]:
 
 def run(script, facts, run_dir, nproc, work):
     """The script on `nproc` torchrun processes from `run_dir`, which holds the stand-ins the notebook loads."""
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     run_dir.mkdir(parents=True)
     model = Path(ensure_weights(str(standins.model_source(REPO, facts.loads_vision_model()))))

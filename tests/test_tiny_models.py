@@ -1,5 +1,5 @@
 """The tiny models kept in models/: each builder rewrites its folder's committed files byte for byte, no weights are
-committed (nbddp.runtime.backends.tiny_model.ensure_weights builds them), and the tiny Whisper trains as Whisper's
+committed (nbddp.examples.tiny_model.ensure_weights builds them), and the tiny Whisper trains as Whisper's
 notebook loads it."""
 import subprocess
 import sys
@@ -48,7 +48,7 @@ def test_the_tiny_whisper_loads_and_trains_as_whisper_s_notebook_has_it(tmp_path
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
     from nbddp.runtime.backends.hf_backend import FastModel
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     path = ensure_weights(str(REPO / "models" / "tiny-whisper"))
     _, loading = WhisperForConditionalGeneration.from_pretrained(path, output_loading_info=True)
@@ -75,7 +75,7 @@ def test_the_tiny_video_takes_videos_and_loads_through_the_fallbacks_loader(tmp_
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
     from nbddp.runtime.backends.hf_backend import _load
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     path = ensure_weights(str(REPO / "models" / "tiny-video"))
     model, tokenizer = _load(AutoModelForImageTextToText, AutoTokenizer, path, 256, None, False, False, None, False,

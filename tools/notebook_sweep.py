@@ -371,7 +371,7 @@ class Runner:
     def weights(self, python: str, source: Path) -> Path:
         """`source` with weights written by `python`'s Transformers (their layouts differ), built once."""
         if (python, source) not in self._weights:
-            code = ("from nbddp.runtime.backends.tiny_model import ensure_weights; "
+            code = ("from nbddp.examples.tiny_model import ensure_weights; "
                     f"print(ensure_weights({str(source)!r}))")
             built = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True,
                                    env=nbddp_environment(self.args))

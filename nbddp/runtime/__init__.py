@@ -34,7 +34,8 @@ __all__ = ["setup"]
 MOVED = {
     "nbddp.runtime.data": "nbddp.runtime.inputs.data",
     "nbddp.runtime.models": "nbddp.runtime.inputs.models",
-    "nbddp.runtime.tiny_model": "nbddp.runtime.backends.tiny_model",
+    "nbddp.runtime.tiny_model": "nbddp.examples.tiny_model",
+    "nbddp.runtime.backends.tiny_model": "nbddp.examples.tiny_model",
     "nbddp.runtime.checkpointing": "nbddp.runtime.memory.gradient_checkpointing",
     "nbddp.runtime.metrics": "nbddp.runtime.reporting.metrics",
 }

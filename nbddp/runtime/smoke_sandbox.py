@@ -46,6 +46,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from nbddp.examples import tiny_model
 from nbddp.runtime import patches
 
 SMOKE_DIR_VARIABLE = "NBDDP_SMOKE_DIR"
@@ -193,8 +194,6 @@ def _target(path) -> Path | None:
     smoke = smoke_dir()
     if smoke is None or _state["trainer_saving"] or not isinstance(path, (str, os.PathLike)) or "://" in str(path):
         return None
-    from nbddp.runtime.backends import tiny_model
-
     absolute = Path(os.path.abspath(os.path.expanduser(path)))
     if absolute.is_relative_to(smoke) or absolute.is_relative_to(tiny_model.cache_root()):
         return None

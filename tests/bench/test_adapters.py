@@ -6,7 +6,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from bench.adapters import compare
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples.tiny_model import ensure_weights
 
 
 def saved_adapter(base, folder, lora_b):

@@ -43,7 +43,7 @@ def model_cache(tmp_path, monkeypatch):
 @pytest.fixture
 def tiny_model_path(tiny_llama_dir, model_cache):
     """The tiny Llama with its weights built, as `FastLanguageModel.from_pretrained` takes it."""
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     return ensure_weights(str(tiny_llama_dir))
 

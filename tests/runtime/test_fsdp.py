@@ -185,7 +185,7 @@ def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, str
     """The notebook's save of a fully finetuned model runs on the main process alone, and FSDP shards the whole
     model: nothing could gather it there."""
     from nbddp.runtime.backends.hf_backend import FastLanguageModel
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     fsdp._chosen.update(strategy="fsdp")
     with pytest.raises(UsageError, match=r"--strategy fsdp with full_finetuning=True .* Train LoRA .* --strategy ddp"):
@@ -203,7 +203,7 @@ def test_a_merge_the_checkpoint_cannot_give_is_refused(tiny_llama_dir, model_cac
     import torch
 
     from nbddp.runtime.backends.hf_backend import FastLanguageModel
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
                                                  load_in_4bit=False)
@@ -224,7 +224,7 @@ def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir,
     import peft
 
     from nbddp.runtime.backends.hf_backend import FastLanguageModel
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     def cast(model, **kwargs):
         raise AssertionError("prepare_model_for_kbit_training under FSDP")
@@ -304,7 +304,7 @@ def test_generation_after_sharded_training_on_one_gpu_runs_as_training_did(tiny_
     """A notebook's inference cell after QLoRA under FSDP1 on one GPU: PEFT casts the input to the float32 FSDP1
     keeps a LoRA unit's weights in between forwards, and the unit computes in bf16 ("expected mat1 and mat2 to have
     the same dtype", one H200). Trainer's forwards ran under autocast, and so does generate."""
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     worker, out = tmp_path / "worker.py", tmp_path / "tokens.json"
     worker.write_text(GENERATING_WORKER)
@@ -395,7 +395,7 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
     from transformers import AutoModelForCausalLM
 
     from nbddp.runtime.backends.hf_backend import FastLanguageModel
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     model_path = ensure_weights(str(tiny_llama_dir))
     worker, out = tmp_path / "worker.py", tmp_path / "adapter"

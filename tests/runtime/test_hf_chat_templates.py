@@ -335,7 +335,7 @@ def chat_trainer(hf_backend_active, model_cache, tmp_path):
     from datasets import Dataset
     from unsloth import FastLanguageModel
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     def build(template):
         model, tokenizer = FastLanguageModel.from_pretrained(ensure_weights(str(TINY_CHAT)), max_seq_length=256,

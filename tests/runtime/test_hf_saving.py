@@ -15,7 +15,7 @@ BATCH = [[1, 3, 4, 5, 6, 3, 7], [1, 8, 9, 10, 11, 12, 2]]
 @pytest.fixture
 def tiny_model_path(tiny_llama_dir, model_cache):
     """The tiny Llama, its tokenizer_config recording its padding side as the hub's Llama tokenizers do."""
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     config = tiny_llama_dir / "tokenizer_config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "padding_side": "right"}))

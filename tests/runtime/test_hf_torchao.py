@@ -75,7 +75,7 @@ def test_a_phone_deployment_qat_finetune_saves_the_int8_int4_model_that_qat_simu
 
 @needs_torchao
 def test_int4_which_needs_a_gpu_kernel_says_what_to_do_and_writes_nothing(model_cache, tmp_path):
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     wide = ensure_weights(str(Path(__file__).parents[2] / "models" / "tiny-llama"))  # in_features 128: int4's groups
     model, tokenizer = FastLanguageModel.from_pretrained(wide, load_in_4bit=False)

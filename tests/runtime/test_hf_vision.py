@@ -14,7 +14,7 @@ from nbddp.errors import UsageError
 from nbddp.runtime import backends
 from nbddp.runtime.backends.hf_backend import FastVisionModel
 from nbddp.runtime.backends.hf_vision import UnslothVisionDataCollator, _masked_token_ids, _messages
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples.tiny_model import ensure_weights
 
 TINY_VISION = Path(__file__).resolve().parents[2] / "models" / "tiny-vision"
 COLOURS = {"red": (255, 0, 0), "green": (0, 255, 0), "blue": (0, 0, 255)}

@@ -122,7 +122,7 @@ def test_only_non_padding_tokens_of_training_passes_count(tmp_path):
 def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     path = ensure_weights(str(tiny_llama_dir))
     model, tokenizer = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

@@ -60,7 +60,7 @@ def tiny_lora():
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     path = ensure_weights(str(TINY_LLAMA))
     model = AutoModelForCausalLM.from_pretrained(path)
@@ -219,7 +219,7 @@ def test_setup_installs_it_in_a_smoke_run(tmp_path):
         from nbddp import runtime
         ddp = runtime.setup(backend="hf", script=None)
         from transformers import AutoModelForCausalLM
-        from nbddp.runtime.backends.tiny_model import ensure_weights
+        from nbddp.examples.tiny_model import ensure_weights
         model = AutoModelForCausalLM.from_pretrained(ensure_weights({str(TINY_LLAMA)!r}))
         model.save_pretrained("lora_model")
         model.push_to_hub("me/lora")
@@ -298,7 +298,7 @@ def test_from_pretrained_of_a_folder_this_smoke_run_saved_loads_the_smoke_runs_c
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     model, tokenizer = tiny_lora()
     model.save_pretrained("lora_model")

@@ -4,8 +4,8 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from nbddp.runtime.backends import tiny_model
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples import tiny_model
+from nbddp.examples.tiny_model import ensure_weights
 
 
 def weights(directory):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.runtime.backends.tiny_model import ensure_weights
+from nbddp.examples.tiny_model import ensure_weights
 from nbddp.runtime.trainer.unused_parameters import trainable_outside_language_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -86,7 +86,7 @@ def test_the_speaking_orpheus_writes_snac_frames_that_the_notebook_decodes(tmp_p
     import torch
     from transformers import AutoModelForCausalLM
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
     from tools.standins import speaking_orpheus_variant
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
@@ -116,7 +116,7 @@ def test_the_tiny_csm_generates_only_codes_that_its_codec_decodes(tmp_path, monk
     import torch
     from transformers import AutoProcessor, CsmForConditionalGeneration
 
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
     processor = AutoProcessor.from_pretrained(REPO / "models" / "tiny-csm")

@@ -188,7 +188,7 @@ def test_a_remote_code_vision_models_stand_in_loads_with_auto_model_for_causal_l
 
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     source = model_source(Path(__file__).resolve().parents[2], vision=True)
     folder = ensure_weights(str(standins.remote_code_variant(source, "AutoModelForCausalLM", tmp_path)))
@@ -204,7 +204,7 @@ def test_paddleocr_vl_gets_its_processors_template_whose_answers_train_on_respon
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
     from nbddp.runtime.backends.hf_backend import FastVisionModel
     from nbddp.runtime.backends.hf_vision import UnslothVisionDataCollator
-    from nbddp.runtime.backends.tiny_model import ensure_weights
+    from nbddp.examples.tiny_model import ensure_weights
 
     name, template, token = standins.own_vision_template(["unsloth/PaddleOCR-VL"])
     assert standins.own_vision_template(["unsloth/Qwen2.5-VL-7B-Instruct"]) is None
