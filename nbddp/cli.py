@@ -26,12 +26,12 @@ import textwrap
 from nbddp import log
 from nbddp.errors import NbddpError, UsageError
 from nbddp.orchestration import flag_spelling
-from nbddp.orchestration.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
-from nbddp.orchestration.new_project import new_project
-from nbddp.orchestration.regress import regress
+from nbddp.orchestration.launch.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
+from nbddp.orchestration.launch.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
+from nbddp.orchestration.project.new_project import new_project
+from nbddp.orchestration.regress.regress import regress
 from nbddp.orchestration.run import run
-from nbddp.orchestration.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
-from nbddp.orchestration.smoke import smoke
+from nbddp.orchestration.smoke.smoke import smoke
 
 
 DEFAULT_SCRIPT = "generated/train.py"

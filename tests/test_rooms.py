@@ -7,8 +7,8 @@ import pytest
 
 
 @pytest.mark.parametrize("module, absent", [
-    ("nbddp.orchestration.smoke", ("libcst", "nbddp.export")),
-    ("nbddp.orchestration.launch", ("libcst", "nbddp.export")),
+    ("nbddp.orchestration.smoke.smoke", ("libcst", "nbddp.export")),
+    ("nbddp.orchestration.launch.launch", ("libcst", "nbddp.export")),
     ("nbddp.orchestration.run", ("libcst", "nbddp.export")),
     ("nbddp.cli", ("libcst", "nbddp.export")),  # every command's start; export and new load it when they run
     ("nbddp.runtime", ("libcst", "jupytext", "papermill", "nbddp.export", "nbddp.orchestration")),

@@ -1,6 +1,6 @@
 """Loss-curve PNGs (matplotlib's Agg backend: no display needed, nothing imported until a plot is drawn)."""
 
-from nbddp.orchestration.files import replacing
+from nbddp.orchestration.project.files import replacing
 
 
 def plot_loss_panels(panels, path, markers=()):

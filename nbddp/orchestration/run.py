@@ -16,9 +16,12 @@ from nbddp.errors import NbddpError
 from nbddp.formats import metrics as metrics_format
 from nbddp.formats.metrics import METRICS_FILE
 from nbddp.formats.sourcemap import SourceMap
-from nbddp.orchestration import devices, files, launch, layout_check, parameters, plots, smoke, stopping
+from nbddp.orchestration import devices, parameters, plots, stopping
+from nbddp.orchestration.launch import launch
 from nbddp.orchestration.metrics import last_trainer_state, read_metrics, read_trainer_state
-from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
+from nbddp.orchestration.project import files
+from nbddp.orchestration.project.rundir import RUNS_ROOT, new_run_dir
+from nbddp.orchestration.smoke import layout_check, smoke_run
 
 
 class LaunchFailed(NbddpError):
@@ -44,13 +47,13 @@ def check_export_fresh(script):
 
 
 @stopping.ends_on_signals
-def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
+def run(script=smoke_run.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.LaunchOptions(), device=None,
         timeout=None, runs_root=RUNS_ROOT, *, overrides=(), batch_layout=None, strategy=None):
     """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`, `strategy`) go to torchrun and
     (but for the run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both,
     as NBDDP_SET."""
     times = {"began": time.time()}  # when each phase began, for the summary's wall time split
-    notebook, defaults, user = smoke.user_parameters(script, flags, params_file, batch_layout, strategy)  # in 2 s
+    notebook, defaults, user = smoke_run.user_parameters(script, flags, params_file, batch_layout, strategy)  # in 2 s
     overrides_env = parameters.checked_overrides_environment(overrides)  # from the cached schema: in 2 s too
     check_export_fresh(script)
     user = parameters.with_absolute_paths(script, defaults, user)
@@ -62,11 +65,11 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
     if "output_dir" in defaults and "output_dir" not in user:
         train["output_dir"] = str(output_dir)
     logs = run_dir / "logs"
-    launch_env = smoke.output_dir_environment(defaults, output_dir) | overrides_env
+    launch_env = smoke_run.output_dir_environment(defaults, output_dir) | overrides_env
     plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs, extra_env=launch_env)
     # The smoke run takes the user's values except the run length and output_dir, which are the training
     # run's: `-p max_steps 1000` means a long training run, not a long smoke run.
-    smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke.SMOKE_DEFAULTS}}
+    smoke_user = {name: value for name, value in user.items() if name not in {"output_dir", *smoke_run.SMOKE_DEFAULTS}}
     check = None
     times["smoke"] = time.time()
     if user.get(parameters.BATCH_LAYOUT) == "auto":
@@ -77,7 +80,7 @@ def run(script=smoke.DEFAULT_SCRIPT, flags=(), params_file=None, options=launch.
         plan = launch.plan_launch(script, parameters.as_script_flags(train), options, log_dir=logs,
                                   extra_env=launch_env)  # planned before the smoke runs too: bad flags fail first
     else:
-        smoke.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke", overrides_env)
+        smoke_run.run_smoke(notebook, script, defaults, smoke_user, visible, timeout, run_dir / "smoke", overrides_env)
     log.logger.info(f"launch: {plan.describe()}")
     times["launched"] = time.time()
     status = launch.execute(plan)

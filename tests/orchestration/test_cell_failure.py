@@ -1,6 +1,6 @@
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from nbddp.orchestration.cell_failure import find_failure, last_started_cell
+from nbddp.orchestration.smoke.cell_failure import find_failure, last_started_cell
 
 # IPython 9's colored traceback text: the call in cell In[4] line 2, raised in cell In[3] line 3.
 TRACEBACK = [

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from nbddp import cli as pipeline  # pipeline.py and `python -m nbddp` call its main
-from nbddp.orchestration.launch import LaunchOptions
-from nbddp.orchestration.regress import RegressionFailed
-from nbddp.orchestration.slurm import SlurmOptions
+from nbddp.orchestration.launch.launch import LaunchOptions
+from nbddp.orchestration.launch.slurm import SlurmOptions
+from nbddp.orchestration.regress.regress import RegressionFailed
 
 REPO = Path(__file__).resolve().parents[2]
 

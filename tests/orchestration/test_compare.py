@@ -1,7 +1,7 @@
 import pytest
 
-from nbddp.orchestration import compare
 from nbddp.orchestration.metrics import Metrics
+from nbddp.orchestration.regress import compare
 
 
 def rows_by_metric(baseline, now, tolerances):

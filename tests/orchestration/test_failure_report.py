@@ -4,8 +4,8 @@ import json
 import pytest
 
 from nbddp.formats import checkpoint_markers
-from nbddp.orchestration import failure_report
-from nbddp.orchestration.failure_report import RankFailure, describe, find_output_dir, parse_summary
+from nbddp.orchestration.launch import failure_report
+from nbddp.orchestration.launch.failure_report import RankFailure, describe, find_output_dir, parse_summary
 
 
 def summary(root, *others):

@@ -1,6 +1,6 @@
 import pytest
 
-from nbddp.orchestration.files import replacing, write_json
+from nbddp.orchestration.project.files import replacing, write_json
 
 
 def test_a_failed_write_leaves_the_old_file_and_no_temp(tmp_path):

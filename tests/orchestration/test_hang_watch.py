@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import hang_watch, launch
+from nbddp.orchestration.launch import hang_watch, launch
 from nbddp.runtime.reporting import heartbeat
 
 REPO = Path(__file__).resolve().parents[2]

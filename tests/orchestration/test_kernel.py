@@ -3,8 +3,9 @@ import sys
 
 import pytest
 
-from nbddp.orchestration.kernel import KERNEL_NAME, write_kernelspec
-from nbddp.orchestration.notebook_run import run_notebook, to_notebook
+from nbddp.orchestration.script_notebook import to_notebook
+from nbddp.orchestration.smoke.kernel import KERNEL_NAME, write_kernelspec
+from nbddp.orchestration.smoke.notebook_run import run_notebook
 
 
 def test_the_kernelspec_runs_this_interpreter(tmp_path):

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import launch
-from nbddp.orchestration.launch import LaunchOptions, plan_launch
+from nbddp.orchestration.launch import launch
+from nbddp.orchestration.launch.launch import LaunchOptions, plan_launch
 
 from .conftest import REPO, metric_lines, needs_generated_script
 

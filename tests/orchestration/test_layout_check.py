@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.orchestration import layout_check
-from nbddp.orchestration.launch import LaunchOptions
+from nbddp.orchestration.launch.launch import LaunchOptions
 from nbddp.orchestration.run import run
+from nbddp.orchestration.smoke import layout_check
 
 from .conftest import needs_generated_script
 

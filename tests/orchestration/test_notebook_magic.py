@@ -13,8 +13,8 @@ import pytest
 
 from nbddp import cli
 from nbddp.orchestration import notebook_magic
-from nbddp.orchestration.kernel import write_kernelspec
 from nbddp.orchestration.notebook_magic import CommandFailed, nbddp_magic, project_root
+from nbddp.orchestration.smoke.kernel import write_kernelspec
 
 REPO = Path(__file__).parents[2]
 NBDDP = [sys.executable, "-m", "nbddp"]

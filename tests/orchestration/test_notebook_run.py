@@ -4,8 +4,9 @@ import textwrap
 import pytest
 import yaml
 
-from nbddp.orchestration import notebook_run
-from nbddp.orchestration.notebook_run import NotebookRunFailed, papermill_command, run_notebook, to_notebook
+from nbddp.orchestration.script_notebook import to_notebook
+from nbddp.orchestration.smoke import notebook_run
+from nbddp.orchestration.smoke.notebook_run import NotebookRunFailed, papermill_command, run_notebook
 
 
 def test_a_script_without_kernelspec_gets_python3(tmp_path):

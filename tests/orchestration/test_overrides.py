@@ -11,13 +11,15 @@ from pathlib import Path
 import pytest
 
 from nbddp.errors import NbddpError, UsageError
-from nbddp.orchestration import launch, notebook_run, parameters
+from nbddp.orchestration import parameters
 from nbddp.orchestration import run as run_module
-from nbddp.orchestration.launch import LaunchOptions
-from nbddp.orchestration.regress import regress
+from nbddp.orchestration.launch import launch
+from nbddp.orchestration.launch.launch import LaunchOptions
+from nbddp.orchestration.regress.regress import regress
+from nbddp.orchestration.regress.suite import load_suite
 from nbddp.orchestration.run import run
-from nbddp.orchestration.smoke import smoke
-from nbddp.orchestration.suite import load_suite
+from nbddp.orchestration.smoke import notebook_run
+from nbddp.orchestration.smoke.smoke import smoke
 from nbddp.runtime.inputs.training_overrides import ENV
 
 # Shaped like a script exported by an nbddp that has the batch_layout parameter; it records what it was given.

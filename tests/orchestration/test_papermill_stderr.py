@@ -3,8 +3,8 @@ import sys
 
 import pytest
 
-from nbddp.orchestration import papermill_stderr
-from nbddp.orchestration.papermill_stderr import TRACEBACK_START, _UntilTraceback
+from nbddp.orchestration.smoke import papermill_stderr
+from nbddp.orchestration.smoke.papermill_stderr import TRACEBACK_START, _UntilTraceback
 
 TRACEBACK = f"{TRACEBACK_START}\n  File \"x.py\", line 1\nValueError: boom\n"
 

@@ -6,7 +6,8 @@ import sys
 import pytest
 
 from nbddp import cli, log
-from nbddp.orchestration import launch, papermill_stderr
+from nbddp.orchestration.launch import launch
+from nbddp.orchestration.smoke import papermill_stderr
 
 
 @pytest.fixture

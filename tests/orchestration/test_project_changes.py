@@ -1,5 +1,5 @@
-"""What a smoke run changed in the project outside runs/ (nbddp/orchestration/project_changes.py)."""
-from nbddp.orchestration import project_changes
+"""What a smoke run changed in the project outside runs/ (nbddp/orchestration/smoke/project_changes.py)."""
+from nbddp.orchestration.smoke import project_changes
 
 
 def test_created_changed_and_removed_entries_are_named_and_runs_hidden_and_caches_are_not_listed(tmp_path):

@@ -4,11 +4,11 @@ import textwrap
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import compare
-from nbddp.orchestration import regress as regress_module
 from nbddp.orchestration.metrics import Metrics
-from nbddp.orchestration.regress import CaseResult, RegressionFailed, regress, report_rows
-from nbddp.orchestration.suite import Case
+from nbddp.orchestration.regress import compare
+from nbddp.orchestration.regress import regress as regress_module
+from nbddp.orchestration.regress.regress import CaseResult, RegressionFailed, regress, report_rows
+from nbddp.orchestration.regress.suite import Case
 
 from .conftest import needs_generated_script
 

@@ -9,10 +9,11 @@ import pytest
 import nbddp.export
 from nbddp.formats import checkpoint_markers
 from nbddp.errors import NbddpError
-from nbddp.orchestration import launch, run as run_module
-from nbddp.orchestration.launch import LaunchOptions
-from nbddp.orchestration.notebook_run import NotebookRunFailed
+from nbddp.orchestration import run as run_module
+from nbddp.orchestration.launch import launch
+from nbddp.orchestration.launch.launch import LaunchOptions
 from nbddp.orchestration.run import LaunchFailed, check_export_fresh, run, saved_models, summarise
+from nbddp.orchestration.smoke.notebook_run import NotebookRunFailed
 
 from .conftest import REPO, metric_lines, needs_generated_script
 
@@ -161,7 +162,7 @@ def test_the_summary_says_when_nothing_was_saved(tmp_path):
 def test_the_summary_splits_the_wall_time_at_the_training_runs_end(tmp_path):
     """torchrun's time is split where its `end` record says training ran; with a layout check, the smoke run's
     second training is its own phase."""
-    from nbddp.orchestration.layout_check import LayoutCheck
+    from nbddp.orchestration.smoke.layout_check import LayoutCheck
 
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"event": "end", "step": 4, "train_runtime": 20.0,
                                                         "ended_at": 1070.0}) + "\n")

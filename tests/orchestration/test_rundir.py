@@ -1,6 +1,6 @@
 import re
 
-from nbddp.orchestration.rundir import new_run_dir
+from nbddp.orchestration.project.rundir import new_run_dir
 
 
 def test_run_dirs_are_utc_stamped_and_never_shared(tmp_path):

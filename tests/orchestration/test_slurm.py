@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.orchestration.slurm import SlurmOptions, job_script, write_job_script
+from nbddp.orchestration.launch.slurm import SlurmOptions, job_script, write_job_script
 
 from .test_launch import free_port
 

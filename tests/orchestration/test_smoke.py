@@ -7,8 +7,9 @@ import nbformat
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.orchestration.notebook_run import NotebookRunFailed
-from nbddp.orchestration.smoke import smoke, smoke_environment, smoke_steps
+from nbddp.orchestration.smoke.notebook_run import NotebookRunFailed
+from nbddp.orchestration.smoke.smoke import smoke
+from nbddp.orchestration.smoke.smoke_run import smoke_environment, smoke_steps
 
 from .conftest import metric_lines, needs_generated_script
 

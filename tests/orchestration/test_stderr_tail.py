@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from nbddp import log
-from nbddp.orchestration import stderr_tail
+from nbddp.orchestration.launch import stderr_tail
 
 
 def python(code):

@@ -6,10 +6,11 @@ import pytest
 
 from nbddp import cli as pipeline
 from nbddp.errors import UsageError
-from nbddp.orchestration import launch, notebook_run
 from nbddp.orchestration import run as run_module
-from nbddp.orchestration.launch import LaunchOptions
+from nbddp.orchestration.launch import launch
+from nbddp.orchestration.launch.launch import LaunchOptions
 from nbddp.orchestration.run import run
+from nbddp.orchestration.smoke import notebook_run
 
 SCRIPT = textwrap.dedent("""\
     # %% tags=["parameters"]

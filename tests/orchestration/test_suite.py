@@ -4,8 +4,8 @@ import textwrap
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.orchestration import notebook_run, parameters
-from nbddp.orchestration.suite import load_suite
+from nbddp.orchestration import parameters, script_notebook
+from nbddp.orchestration.regress.suite import load_suite
 
 from .conftest import REPO, needs_generated_script
 
@@ -85,6 +85,6 @@ def test_the_gpu_suite_is_the_default_suite_on_unsloth():
     assert set(recorded["cases"]) == {case.name for case in gpu.cases if case.mode != "parity"}
     # What `regress` checks before any run: every case's parameters exist in the script, with the right types.
     script = REPO / gpu.script
-    defaults = parameters.read_defaults(notebook_run.to_notebook(script), script)
+    defaults = parameters.read_defaults(script_notebook.to_notebook(script), script)
     for case in gpu.cases:
         parameters.resolve(defaults, case.params, file_label=f"case {case.name}")

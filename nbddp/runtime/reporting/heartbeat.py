@@ -1,5 +1,5 @@
 """Each worker's heartbeat, by which `pipeline.py launch` names a rank that stopped answering long before the
-process-group timeout (NBDDP_TIMEOUT_S, 1800 s by default) would end the job (`orchestration.hang_watch`).
+process-group timeout (NBDDP_TIMEOUT_S, 1800 s by default) would end the job (`orchestration.launch.hang_watch`).
 
 When NBDDP_HEARTBEAT_DIR names a folder (launch sets it to a private one of its own), a daemon thread touches
 `<folder>/rank-<RANK>`, which holds the worker's pid, every BEAT_S seconds. It beats while the rank's main thread

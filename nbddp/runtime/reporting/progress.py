@@ -9,7 +9,7 @@ and at every 10% of the steps, and the held-out loss when it is measured:
 
 Either way only while training, and never Transformers' dict of every logged step. In a smoke run's Jupyter kernel
 the notebook keeps Transformers' own display, and the lines go to NBDDP_PROGRESS_FILE, which `pipeline.py smoke`
-echoes to its console (`nbddp.orchestration.papermill_stderr`). The level of the `nbddp` logger (`nbddp.log`,
+echoes to its console (`nbddp.orchestration.smoke.papermill_stderr`). The level of the `nbddp` logger (`nbddp.log`,
 NBDDP_LOG_LEVEL) rules: WARNING (`-q`) shows nothing, DEBUG (`-v`) a line for every logged step. Other ranks show
 nothing. tokens/s is MetricsCallback's, which adds it to the logs (`metrics`).
 """

@@ -54,7 +54,7 @@ HINTS = (
 
 
 # What a rank's collective raises when a peer's process ended (gloo's tcp transport, pair.cc); the orchestration's
-# failure report reads the same words (nbddp.orchestration.failure_report.LOST_PEER).
+# failure report reads the same words (nbddp.orchestration.launch.failure_report.LOST_PEER).
 LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 
 # Import names of packages that run on CUDA GPUs alone, and what the notebook asked of them.

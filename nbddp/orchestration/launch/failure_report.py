@@ -35,7 +35,8 @@ from pathlib import Path
 from nbddp.formats.checkpoint_markers import DAMAGED, damaged_dirs, latest_complete
 from nbddp.errors import NotebookError
 from nbddp.formats import metrics
-from nbddp.orchestration import notebook_run, parameters
+from nbddp.orchestration import parameters
+from nbddp.orchestration.script_notebook import to_notebook
 
 SUMMARY_START = "Root Cause (first observed failure):"
 # What a surviving rank's collective raises when its peer process died (gloo's tcp transport, pair.cc).
@@ -300,7 +301,7 @@ def find_output_dir(script, script_args):
     if value is not None:
         return value
     try:
-        defaults = parameters.read_defaults(notebook_run.to_notebook(script), script)
+        defaults = parameters.read_defaults(to_notebook(script), script)
     except (OSError, ValueError, NotebookError):  # ValueError: a script that is not UTF-8 text
         return None
     return defaults.get("output_dir")

@@ -24,6 +24,8 @@ from pathlib import Path
 from nbddp.formats import metrics
 from nbddp.orchestration.metrics import read_metrics
 from nbddp.orchestration.parameters import BATCH_LAYOUT
+from nbddp.orchestration.smoke import smoke_run
+
 CPU_TOLERANCE = 1e-4
 GPU_TOLERANCE = 1e-3
 PLAN_PROCESSES = "NBDDP_PLAN_PROCESSES"
@@ -94,13 +96,11 @@ def compare(notebook_metrics: Path | None, fuller_metrics: Path | None, toleranc
 def prove(notebook, script, defaults, user, visible, timeout, run_dir, extra_env, processes):
     """The smoke run in both layouts (see the module) into `run_dir`/smoke, on the device `visible`, for
     `processes` torchrun processes; prints and returns the LayoutCheck."""
-    from nbddp.orchestration import smoke  # here: smoke imports this module
-
     print(f"smoke: --batch-layout auto: the smoke steps in the notebook's layout, then in the fuller one, for "
           f"{_processes(processes)}", flush=True)
     notebook_layout = (run_dir / "smoke" / NOTEBOOK_LAYOUT_METRICS).resolve()
     env = (extra_env or {}) | {PLAN_PROCESSES: str(processes), LAYOUT_CHECK: str(notebook_layout)}
-    result = smoke.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
+    result = smoke_run.run_smoke(notebook, script, defaults, user | {BATCH_LAYOUT: "auto"}, visible, timeout,
                              run_dir / "smoke", env)
     written = notebook_layout if notebook_layout.exists() else None
     check = compare(written, result.metrics, GPU_TOLERANCE if visible else CPU_TOLERANCE)

@@ -1,4 +1,4 @@
-"""`pipeline.py smoke`: run the generated script once, as a notebook, for a few steps on one device.
+"""One smoke run: the generated script executed once as a notebook into a run folder, for a few steps on one device.
 
 A few steps: the `max_steps` parameter set to 3 (or the user's `-p max_steps N`), and NBDDP_MAX_STEPS, the same
 number, in the kernel's environment, which caps every training arguments the notebook builds (run-overrides), so a
@@ -7,10 +7,9 @@ likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point tr
 `--set NAME=VALUE` overrides of the training arguments reach the kernel as NBDDP_SET (training_overrides), and
 `--batch-layout` as the script's `batch_layout` parameter; `-p per_device_train_batch_size` and
 `gradient_accumulation_steps`, per-process values as the script's own flags are, also as NBDDP_PER_PROCESS
-(batch_plan).
-Everything lands in `runs/<UTC timestamp>-smoke/`: the executed notebook, its HTML rendering,
-params.json (what papermill injected) and metrics.jsonl (the script's output_dir points there). A SIGINT or
-SIGTERM stops papermill and its kernel (`stopping`).
+(batch_plan). The run folder gets the executed notebook, its HTML rendering, params.json (what papermill injected)
+and metrics.jsonl (the script's output_dir points there). `smoke`, `run` and the layout check (`--batch-layout auto`)
+each start one.
 """
 
 import os
@@ -20,9 +19,10 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.formats.metrics import METRICS_FILE
-from nbddp.orchestration import (devices, files, launch, layout_check, notebook_run, parameters, project_changes,
-                                 stopping)
-from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
+from nbddp.orchestration import parameters
+from nbddp.orchestration.project import files
+from nbddp.orchestration.script_notebook import to_notebook
+from nbddp.orchestration.smoke import notebook_run, project_changes
 from nbddp.runtime.memory import batch_plan
 
 DEFAULT_SCRIPT = Path("generated/train.py")
@@ -39,35 +39,12 @@ class SmokeResult:
     metrics: Path | None
 
 
-@stopping.ends_on_signals
-def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeout=None, runs_root=RUNS_ROOT, *,
-          overrides=(), batch_layout=None):
-    """Smoke-run `script` with the smoke defaults, then the -f file's values, then each -p flag.
-
-    `flags` are `(name, text)` pairs from `-p NAME VALUE`; `device` is None (first GPU, else CPU),
-    `cpu` or a GPU index; `timeout` is per cell, in seconds. `overrides` are `NAME=VALUE` lines from
-    `--set` (training arguments; checked before anything runs); `batch_layout` is `--batch-layout`'s value
-    (None: the script's default); with `auto` it smoke-runs both layouts in one run into `smoke/` and
-    compares them (layout_check), returning None. Raises NotebookRunFailed (exit 1) at the source notebook cell and line of
-    a failing cell.
-    """
-    notebook, defaults, user = user_parameters(script, flags, params_file, batch_layout)
-    overrides_env = parameters.checked_overrides_environment(overrides)
-    visible = devices.single_device(device)
-    run_dir = new_run_dir("smoke", runs_root)
-    if user.get(parameters.BATCH_LAYOUT) == "auto":  # both layouts, compared: what `run` would launch
-        layout_check.prove(notebook, script, defaults, user, visible, timeout, run_dir, overrides_env,
-                           launch.LaunchOptions().processes(os.environ))
-        return None
-    return run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, overrides_env)
-
-
 def user_parameters(script, flags=(), params_file=None, batch_layout=None, strategy=None):
     """The script as a notebook, its parameter defaults, and the user's typed overrides (-f, then -p, then
     --batch-layout and --strategy); a relative path among them that the cells would not find is refused
     (parameters.check_paths)."""
     files.require_script(script)
-    notebook = notebook_run.to_notebook(script)
+    notebook = to_notebook(script)
     defaults = parameters.read_defaults(notebook, script)
     file_values = parameters.load_parameter_file(params_file) if params_file else None
     user = parameters.resolve(defaults, file_values, flags, file_label=f"-f {params_file}")

@@ -12,10 +12,15 @@ from dataclasses import dataclass
 
 from nbddp.errors import NbddpError, UsageError
 from nbddp.formats.metrics import METRICS_FILE
-from nbddp.orchestration import compare, devices, files, launch, notebook_run, parameters, plots
+from nbddp.orchestration import devices, parameters, plots
+from nbddp.orchestration.launch import launch
 from nbddp.orchestration.metrics import read_metrics
-from nbddp.orchestration.rundir import RUNS_ROOT, new_run_dir
-from nbddp.orchestration.suite import load_suite
+from nbddp.orchestration.project import files
+from nbddp.orchestration.project.rundir import RUNS_ROOT, new_run_dir
+from nbddp.orchestration.regress import compare
+from nbddp.orchestration.regress.suite import load_suite
+from nbddp.orchestration.script_notebook import to_notebook
+from nbddp.orchestration.smoke import notebook_run
 from nbddp.runtime.inputs import training_overrides
 
 TRAIN_PARITY = "parity max abs loss diff"
@@ -50,7 +55,7 @@ def regress(suite_path="regress.yaml", only=None, update_baseline=False, runs_ro
     cases = suite.select(only)
     if not suite.script.is_file():
         raise UsageError(f"--suite {suite.path}: script {suite.script} does not exist (run `python pipeline.py export`)")
-    notebook = notebook_run.to_notebook(suite.script)
+    notebook = to_notebook(suite.script)
     defaults = parameters.read_defaults(notebook, suite.script)
     # Check every case's parameters before the first run, so a typo costs no training time.
     case_params = {case.name: _case_parameters(suite, case, defaults) for case in cases}

@@ -1,4 +1,4 @@
-"""Run the generated script once as a notebook: jupytext converts it, papermill executes it in a child.
+"""Run the generated script once as a notebook (script_notebook converts it): papermill executes it in a child.
 
 Papermill runs as `python -m papermill` so that CUDA_VISIBLE_DEVICES and the kernelspec search
 path change for the child only. Its executed notebook is the record: a failure is read back from
@@ -12,18 +12,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import jupytext
 import nbformat
 import yaml
 
 from nbddp import errors, log
 from nbddp.errors import NotebookError
 from nbddp.formats.sourcemap import SourceMap
-from nbddp.orchestration import cell_failure, environment, files, kernel, papermill_stderr, stopping
+from nbddp.orchestration import environment, stopping
 from nbddp.orchestration import parameters as orchestration_parameters
+from nbddp.orchestration.project import files
+from nbddp.orchestration.smoke import cell_failure, kernel, papermill_stderr
 
-# The kernelspec the generated script declares (docs/design.md); a script without one gets it.
-PYTHON3_KERNELSPEC = {"display_name": "Python 3", "language": "python", "name": kernel.KERNEL_NAME}
 DEAD_KERNEL_STATUS = 138  # papermill's exit status when the kernel died
 PAPERMILL_LOG = "papermill.stderr.log"
 # The kernel's training progress lines (nbddp.runtime.reporting.progress), echoed as they come.
@@ -45,13 +44,6 @@ class NotebookRun:
     executed: Path
     html: Path | None  # None when nbconvert could not render it
     wall_time_s: float
-
-
-def to_notebook(script):
-    """The generated percent script as a notebook, kernelspec kept."""
-    notebook = jupytext.read(script)
-    notebook.metadata.setdefault("kernelspec", PYTHON3_KERNELSPEC)
-    return notebook
 
 
 def run_notebook(notebook, script, parameters, out_dir, cuda_visible_devices, timeout=None, progress=True,

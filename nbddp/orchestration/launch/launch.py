@@ -17,8 +17,9 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.orchestration import (devices, environment, failure_report, files, hang_watch, parameters, stderr_tail,
-                                 stopping)
+from nbddp.orchestration import devices, environment, parameters, stopping
+from nbddp.orchestration.launch import failure_report, hang_watch, stderr_tail
+from nbddp.orchestration.project import files
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
 DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.orchestration.launch import FIXED_ENV_DEFAULTS
+from nbddp.orchestration.launch.launch import FIXED_ENV_DEFAULTS
 
 DEFAULT_JOB_SCRIPT = Path("train.sbatch")
 FIRST_PORT, PORT_RANGE = 20000, 10000  # MASTER_PORT = FIRST_PORT + job id % PORT_RANGE, unless set

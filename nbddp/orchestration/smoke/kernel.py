@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ipykernel.kernelspec import write_kernel_spec
 
-KERNEL_NAME = "python3"
+from nbddp.orchestration.script_notebook import KERNEL_NAME
 
 
 def write_kernelspec(data_dir):

@@ -35,7 +35,7 @@ from pathlib import Path
 import yaml
 
 from nbddp.errors import UsageError
-from nbddp.orchestration.compare import LOSS_AT_STEP, METRICS
+from nbddp.orchestration.regress.compare import LOSS_AT_STEP, METRICS
 
 MODES = ("papermill", "torchrun")
 TOLERANCE_KINDS = ("relative", "absolute")

@@ -1,0 +1,1 @@
+"""`launch`: the generated script under torchrun (or an sbatch script for SLURM), and what is said when it fails."""

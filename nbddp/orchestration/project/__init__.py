@@ -1,0 +1,1 @@
+"""The project's files: a new project (`nbddp new`), run folders under runs/, result files written whole."""

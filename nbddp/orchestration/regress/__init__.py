@@ -1,0 +1,1 @@
+"""`regress`: the regression suite's cases run and compared with the baseline."""
