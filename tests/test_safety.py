@@ -98,7 +98,7 @@ def test_no_shell_in_nbddp_or_the_cli_but_the_notebooks_own_commands():
     # DistributedContext.shell runs a notebook's `!command`, which export writes into the script as the string
     # literal the author typed; a value reaches it only where the command asks for one (`!wget {url}`), as in
     # Jupyter (docs/safety.md).
-    assert [use.split(":")[0] for use in found] == ["nbddp/runtime/context.py"]
+    assert [use.split(":")[0] for use in found] == ["nbddp/runtime/notebook_emulation.py"]
     assert len(python_files()) > 20  # the walk saw the package
 
 

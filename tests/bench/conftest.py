@@ -28,9 +28,9 @@ TRAIN_SCRIPT = textwrap.dedent("""
     Trainer(model=model, args=args, train_dataset=data).train()
     print("script finished", __name__)
     # gloo's workers can abort a rank during interpreter finalization ("terminate called without an
-    # active exception"): end as ddp.shutdown() does (see nbddp.runtime.context).
+    # active exception"): end as ddp.shutdown() does (see nbddp.runtime.ddp_core).
     if torch.distributed.is_initialized():
-        from nbddp.runtime.context import exit_without_finalization
+        from nbddp.runtime.ddp_core import exit_without_finalization
 
         torch.distributed.destroy_process_group()
         exit_without_finalization()

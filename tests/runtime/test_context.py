@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime import context
+from nbddp.runtime import context, ddp_core, run_overrides
 from nbddp.runtime.context import DistributedContext, init_distributed
 
 TORCHRUN_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -50,12 +50,12 @@ def test_single_process_barriers_and_shutdown_are_harmless(single_process):
 ])
 def test_shutdown_ends_a_gloo_script_after_leaving_the_group(monkeypatch, backend, in_kernel, ends_process):
     calls = []
-    monkeypatch.setattr(context.dist, "is_initialized", lambda: True)
-    monkeypatch.setattr(context.dist, "get_backend", lambda: backend)
-    monkeypatch.setattr(context.dist, "barrier", lambda: calls.append("barrier"))
-    monkeypatch.setattr(context.dist, "destroy_process_group", lambda: calls.append("destroy"))
-    monkeypatch.setattr(context, "running_in_kernel", lambda: in_kernel)
-    monkeypatch.setattr(context, "exit_without_finalization", lambda: calls.append("exit"))
+    monkeypatch.setattr(ddp_core.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(ddp_core.dist, "get_backend", lambda: backend)
+    monkeypatch.setattr(ddp_core.dist, "barrier", lambda: calls.append("barrier"))
+    monkeypatch.setattr(ddp_core.dist, "destroy_process_group", lambda: calls.append("destroy"))
+    monkeypatch.setattr(ddp_core, "running_in_kernel", lambda: in_kernel)
+    monkeypatch.setattr(ddp_core, "exit_without_finalization", lambda: calls.append("exit"))
     DistributedContext(world_size=2).shutdown()
     assert calls == ["barrier", "destroy"] + (["exit"] if ends_process else [])
 
@@ -73,12 +73,12 @@ class Stream:
 @pytest.mark.parametrize("stdout_error, status", [(None, 0), (BrokenPipeError(), 120)])
 def test_exit_without_finalization_does_what_exit_does_before_finalizing(monkeypatch, stdout_error, status):
     calls = []
-    monkeypatch.setattr(context.threading, "_shutdown", lambda: calls.append("join threads"))
-    monkeypatch.setattr(context.atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
-    monkeypatch.setattr(context.sys, "stdout", Stream("stdout", calls, stdout_error))
-    monkeypatch.setattr(context.sys, "stderr", Stream("stderr", calls))
-    monkeypatch.setattr(context.os, "_exit", lambda code: calls.append(f"exit {code}"))
-    context.exit_without_finalization()
+    monkeypatch.setattr(ddp_core.threading, "_shutdown", lambda: calls.append("join threads"))
+    monkeypatch.setattr(ddp_core.atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
+    monkeypatch.setattr(ddp_core.sys, "stdout", Stream("stdout", calls, stdout_error))
+    monkeypatch.setattr(ddp_core.sys, "stderr", Stream("stderr", calls))
+    monkeypatch.setattr(ddp_core.os, "_exit", lambda code: calls.append(f"exit {code}"))
+    ddp_core.exit_without_finalization()
     assert calls == ["join threads", "atexit", "flush stdout", "flush stderr", f"exit {status}"]
 
 
@@ -300,7 +300,7 @@ def test_only_rank_zero_warns(capsys):
 
 
 def test_bitsandbytes_optimizer_kept_on_gpu_with_bitsandbytes(monkeypatch):
-    monkeypatch.setattr(context.importlib.util, "find_spec", lambda name: object() if name == "bitsandbytes" else None)
+    monkeypatch.setattr(run_overrides.importlib.util, "find_spec", lambda name: object() if name == "bitsandbytes" else None)
     ddp = DistributedContext(device=torch.device("cuda", 0))
     assert ddp.optimizer("adamw_8bit") == "adamw_8bit"
 

@@ -377,7 +377,7 @@ WORKER = textwrap.dedent('''
                    "restored": restored}, open(os.path.join(out, "gathered.json"), "w"))
     dist.barrier()
     dist.destroy_process_group()
-    from nbddp.runtime.context import exit_without_finalization
+    from nbddp.runtime.ddp_core import exit_without_finalization
     exit_without_finalization()  # gloo's workers can abort a rank during interpreter finalization (its docstring)
 ''')
 

@@ -98,8 +98,8 @@ def install(script: str) -> None:
         status = exc.exit_status if issubclass(exc_type, NbddpError) else 1
         if _gloo_group_exists():
             # gloo's workers can abort this rank during finalization (SIGABRT instead of this status): end as
-            # ddp.shutdown() ends a gloo run (see nbddp.runtime.context.exit_without_finalization).
-            from nbddp.runtime.context import exit_without_finalization
+            # ddp.shutdown() ends a gloo run (see nbddp.runtime.ddp_core.exit_without_finalization).
+            from nbddp.runtime.ddp_core import exit_without_finalization
 
             exit_without_finalization(status)
         if issubclass(exc_type, NbddpError):
