@@ -3,7 +3,7 @@
 A stand-in for an instruct model in tests and notebook sweeps: any text encodes (bytes, plus merges learnt from
 data/tiny_instructions.jsonl), and the special tokens of the chat families in Unsloth's table (Llama 3's
 <|start_header_id|>, ChatML's <|im_start|>, Gemma's <start_of_turn>, Phi's <|end|>, Mistral's [INST], ...) are
-single tokens. Their strings come from nbddp/runtime/backends/unsloth_chat_templates.json, not typed here: every token a
+single tokens. Their strings come from nbddp/fallback/unsloth_chat_templates.json, not typed here: every token a
 template writes that has a "|" at an edge (<|im_start|>, <|turn>, <turn|>) or is [INST]/[/INST], and every stop word
 and renamed token of the table. The tokenizer's own chat template is the table's chatml.
 
@@ -23,7 +23,7 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "tiny_instructions.jsonl"
-TEMPLATES = REPO / "nbddp" / "runtime" / "backends" / "unsloth_chat_templates.json"
+TEMPLATES = REPO / "nbddp" / "fallback" / "unsloth_chat_templates.json"
 OUT = REPO / "models" / "tiny-chat"
 
 UNK, PAD, BOS, EOS = "<unk>", "<pad>", "<s>", "</s>"  # ids 0..3, as in tiny-llama

@@ -8,7 +8,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "models" / "tiny-chat"
 BUILDER = REPO / "models" / "build_tiny_chat.py"
-TABLE = json.loads((REPO / "nbddp" / "runtime" / "backends"
+TABLE = json.loads((REPO / "nbddp" / "fallback"
                     / "unsloth_chat_templates.json").read_text(encoding="utf-8"))
 
 

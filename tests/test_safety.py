@@ -124,7 +124,7 @@ def remote_code_model(tmp_path, monkeypatch, marker):
 
 
 def test_the_hf_backend_does_not_run_a_models_code(remote_code_model):
-    from nbddp.runtime.backends import hf_backend
+    from nbddp.fallback import models as hf_backend
 
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         hf_backend.FastLanguageModel.from_pretrained(str(remote_code_model))
@@ -132,7 +132,7 @@ def test_the_hf_backend_does_not_run_a_models_code(remote_code_model):
 
 def test_a_notebook_that_trusts_the_code_gets_it_run(remote_code_model, tmp_path):
     # The other side of the test above: the folder's code does run once the notebook says trust_remote_code=True.
-    code = ("from nbddp.runtime.backends import hf_backend\n"
+    code = ("from nbddp.fallback import models as hf_backend\n"
             f"try:\n    hf_backend.FastLanguageModel.from_pretrained({str(remote_code_model)!r}, trust_remote_code=True)\n"
             "except Exception:\n    pass  # the stand-in config is no real model; running its module is the point\n")
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "CUDA_VISIBLE_DEVICES": ""}

@@ -47,7 +47,7 @@ def test_the_tiny_whisper_loads_and_trains_as_whisper_s_notebook_has_it(tmp_path
     from transformers import WhisperForConditionalGeneration
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
-    from nbddp.runtime.backends.hf_backend import FastModel
+    from nbddp.fallback.models import FastModel
     from nbddp.examples.tiny_model import ensure_weights
 
     path = ensure_weights(str(REPO / "models" / "tiny-whisper"))
@@ -74,7 +74,7 @@ def test_the_tiny_video_takes_videos_and_loads_through_the_fallbacks_loader(tmp_
     from transformers import AutoModelForImageTextToText, AutoTokenizer
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path))
-    from nbddp.runtime.backends.hf_backend import _load
+    from nbddp.fallback.models import _load
     from nbddp.examples.tiny_model import ensure_weights
 
     path = ensure_weights(str(REPO / "models" / "tiny-video"))

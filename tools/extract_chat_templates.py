@@ -1,6 +1,6 @@
-"""Write nbddp/runtime/backends/unsloth_chat_templates.json: Unsloth's table of chat templates, read from its wheel.
+"""Write nbddp/fallback/unsloth_chat_templates.json: Unsloth's table of chat templates, read from its wheel.
 
-The hf backend's `get_chat_template` (nbddp/runtime/backends/hf_chat_templates.py) reads that file, so its templates are
+The hf backend's `get_chat_template` (nbddp/fallback/chat_templates.py) reads that file, so its templates are
 Unsloth's own text, never retyped. The wheel is the `unsloth==` pin of pyproject.toml's `unsloth` extra:
 
     python tools/extract_chat_templates.py                 # pip-download that wheel, rewrite the json
@@ -24,7 +24,7 @@ import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-OUT = REPO / "nbddp" / "runtime" / "backends" / "unsloth_chat_templates.json"
+OUT = REPO / "nbddp" / "fallback" / "unsloth_chat_templates.json"
 SOURCE = "unsloth/chat_templates.py"
 
 

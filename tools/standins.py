@@ -32,7 +32,7 @@ import shutil
 from pathlib import Path
 
 TINY_IMAGE_TOKEN = "<image>"  # models/tiny-vision's processor_config.json
-TABLE = Path(__file__).resolve().parent.parent / "nbddp" / "runtime" / "backends" / "unsloth_chat_templates.json"
+TABLE = Path(__file__).resolve().parent.parent / "nbddp" / "fallback" / "unsloth_chat_templates.json"
 # A model id's family (its lowercased id matches the pattern) -> the template of Unsloth's table its tokenizer has;
 # the first match wins. Families whose template the table lacks keep the tiny chat model's ChatML.
 # None: a model whose own template no family's matches (FunctionGemma's takes tool calls and roles Gemma 3's refuses);

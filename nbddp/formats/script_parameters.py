@@ -3,7 +3,7 @@
 One home for a contract three rooms share (export writes them, the runtime reads them as flags, orchestration
 passes them); standard library only, so orchestration imports it without the export room's libcst.
 """
-BACKEND = "backend"  # auto | unsloth | hf (runtime.backends)
+BACKEND = "backend"  # auto | unsloth | hf (runtime.backend)
 RESUME = "resume"  # trainer.train() continues from the last complete checkpoint in output_dir
 BATCH_LAYOUT = "batch_layout"  # how N processes share the notebook's batch (runtime.batch_plan)
 WORKDIR = "workdir"  # where the cells run, from the script's folder (runtime.working_directory)

@@ -7,13 +7,13 @@
 the backend, gives every Trainer completion markers for its checkpoints (`trainer.training_checkpoints`) and returns
 `ddp` (a `context.DistributedContext`, the one object generated code calls), which knows whether this run resumes.
 torch is imported only after the flags are read, so `train.py --help` answers at once; transformers, trl and peft
-only after Unsloth, or (hf backend) when `setup` patches TRL (see `backends`).
+only after Unsloth, or (hf backend) when `setup` patches TRL (see `backend`).
 
 The rooms: `context` (the `ddp.` facade) and what it uses directly (`once_per_machine`, `started_processes`,
-`working_directory`, `smoke_sandbox`); `patches` (every change to other libraries, with why); `backends` (real
-Unsloth or the Transformers+PEFT fallback); `trainer` (what every Trainer gets under DDP); `memory` (batch layout,
-memory estimate, gradient checkpointing); `inputs` (flags, `--set`, data, model names, output folders); `reporting`
-(metrics, progress, heartbeats, tracebacks).
+`working_directory`, `smoke_sandbox`); `patches` (every change to other libraries, with why); `backend` (real
+Unsloth or the Transformers+PEFT fallback, `nbddp.fallback`); `trainer` (what every Trainer gets under DDP);
+`memory` (batch layout, memory estimate, gradient checkpointing); `inputs` (flags, `--set`, data, model names,
+output folders); `reporting` (metrics, progress, heartbeats, tracebacks).
 """
 import builtins
 import importlib
@@ -42,13 +42,18 @@ MOVED = {
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports a MOVED old path as the module at its new one (the same module object)."""
+    """Imports a MOVED old path as the module at its new one (the same module object), and a package that held one
+    and is gone (nbddp.runtime.backends) as an empty package."""
 
     def find_spec(self, name, path=None, target=None):
-        return importlib.util.spec_from_loader(name, self) if name in MOVED else None
+        if name in MOVED:
+            return importlib.util.spec_from_loader(name, self)
+        if any(old.startswith(f"{name}.") for old in MOVED):
+            return importlib.util.spec_from_loader(name, self, is_package=True)
+        return None
 
     def create_module(self, spec):
-        return importlib.import_module(MOVED[spec.name])
+        return importlib.import_module(MOVED[spec.name]) if spec.name in MOVED else None
 
     def exec_module(self, module):
         pass
@@ -78,7 +83,8 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         backend, resume, batch_layout, strategy, workdir = (namespace.get(name, default) for name, default in (
             (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (STRATEGY, strategy),
             (WORKDIR, workdir)))
-    from nbddp.runtime import backends, patches, working_directory
+    from nbddp.runtime import patches, working_directory
+    from nbddp.runtime.backend import activate as activate_backend, choose as choose_backend
     from nbddp.runtime.inputs import training_overrides
     from nbddp.runtime.reporting import heartbeat, script_display, tracebacks
     from nbddp.runtime.trainer import auto_strategy, fsdp
@@ -98,12 +104,12 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
                                         int(os.environ.get("LOCAL_RANK", "0")))
             strategy = auto.strategy
         strategy, backend = fsdp.choose(strategy, backend, torch.cuda.is_available())
-        chosen, reason = backends.choose(backend)
+        chosen, reason = choose_backend(backend)
         if strategy == "fsdp":
             reason = "--strategy fsdp: Unsloth's kernels do not shard, so Transformers+PEFT"
         ddp = init_distributed(resume, batch_layout)
         heartbeat.start(ddp.rank)  # under `pipeline.py launch`, which names a rank that stops beating as hung
-        backends.activate(chosen)
+        activate_backend(chosen)
         training_overrides.check(training_overrides.from_environment())  # --set: before any work
     except NbddpError as error:
         if not script_mode:

@@ -42,28 +42,28 @@ PATCHES = {
     "trl-unsloth-arguments": Patch(
         "__init__ of TRL's SFT, GRPO, DPO and ORPO trainers", "trl", "hf backend",
         "TRL 0.13 moved dataset_text_field=, max_seq_length=, beta=, tokenizer= into the configs; importing Unsloth "
-        "moves them back (unsloth/trainer.py), the fallback does the same (backends.trl_compat)"),
+        "moves them back (unsloth/trainer.py), the fallback does the same (nbddp.fallback.trl_compat)"),
     "trl-config-old-keywords": Patch(
         "__init__ of those trainers' configs", "trl", "hf backend",
         "Transformers 5 and TRL 1.x renamed keywords the notebooks pass (warmup_ratio=); Unsloth forwards them "
-        "(backends.config_keywords)"),
+        "(nbddp.fallback.rl_config_compat)"),
     "sft-max-seq-length": Patch(
         "trl.SFTConfig.__init__", "trl", "hf backend",
-        "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (backends.trl_compat)"),
+        "Unsloth's SFTConfig takes max_seq_length=, TRL's only max_length= (nbddp.fallback.trl_compat)"),
     "trl-availability-flags": Patch(
         "trl.import_utils._<package>_available", "trl", "hf backend",
         "TRL 0.x caches Transformers' _is_package_available, a tuple (exists, None) since Transformers 5 and so true "
         "without the package: TRL 0.22's GRPO trainer imports the absent vLLM; importing Unsloth makes them "
-        "booleans (unsloth/import_fixes.py), the fallback does the same (backends.trl_compat)"),
+        "booleans (unsloth/import_fixes.py), the fallback does the same (nbddp.fallback.trl_compat)"),
     "trl-vision-mapping-name": Patch(
         "transformers.models.auto.modeling_auto.MODEL_FOR_VISION_2_SEQ_MAPPING_NAMES", "transformers", "hf backend",
         "TRL 0.22's DPO trainer imports that name, which Transformers 5 renamed "
         "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES; importing Unsloth puts the old name back (unsloth_zoo's "
-        "temporary patches), the fallback does the same (backends.trl_compat)"),
+        "temporary patches), the fallback does the same (nbddp.fallback.trl_compat)"),
     "trl-moved-names": Patch(
         "trl.__getattr__", "trl", "every run",
         "TRL 1.x moved ORPOTrainer/ORPOConfig to trl.experimental.orpo: the import error says where "
-        "(backends.trl_compat)"),
+        "(nbddp.fallback.trl_compat)"),
     "fsdp-gather-adapter": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS", "transformers", "--strategy fsdp",
         "the notebook's save_pretrained runs on the main process alone and cannot gather FSDP's shards: every rank "
@@ -86,7 +86,7 @@ PATCHES = {
         '["unsloth_zoo.utils"], ["unsloth_zoo"]', "python",
         "hf backend",
         "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
-        "(backends)"),
+        "(backend)"),
     "gradient-checkpointing-choice": Patch(
         "transformers.Trainer.__init__", "transformers", "every run",
         "the trainer honours the gradient checkpointing nbddp chose for the model, and checks its first step's "

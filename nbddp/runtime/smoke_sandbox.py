@@ -16,7 +16,7 @@ whole where its output_dir says (`Trainer._save_checkpoint`), which the smoke ru
 
 Wrapped (no upstream bug behind these: the smoke run must leave the user's files and hub repositories alone):
 - `save_pretrained` of transformers' PreTrainedModel, PreTrainedTokenizerBase (and TokenizersBackend, which has
-  its own) and ProcessorMixin and of PEFT's PeftModel (Unsloth's models and tokenizers are these; hf_backend's
+  its own) and ProcessorMixin and of PEFT's PeftModel (Unsloth's models and tokenizers are these; the fallback's
   `save_lora` is PeftModel's): redirected, and their `push_to_hub=True` skipped.
 - `Trainer.save_model`, matplotlib's `Figure.savefig` (`plt.savefig` calls it), `torch.save`, datasets'
   `save_to_disk` and `ddp.write_file` (%%writefile, which calls `redirected` itself): redirected.
@@ -25,7 +25,8 @@ Wrapped (no upstream bug behind these: the smoke run must leave the user's files
   notebook wrote one.
 - Unsloth's saving functions in `unsloth.save`, which it binds to each model it loads (`save_pretrained_merged`,
   `save_pretrained_gguf`, ...): redirected; its pushes (`push_to_hub_merged`, `push_to_hub_gguf`, and
-  `upload_to_huggingface`, which its `push_to_hub` calls first) skipped.
+  `upload_to_huggingface`, which its `push_to_hub` calls first) skipped. The fallback's (nbddp.fallback.save) write
+  through the methods above, and `write_executorch_config`, which writes a file itself: redirected.
 - skipped with one line per repository: `push_to_hub` of PreTrainedModel, PreTrainedTokenizerBase, ProcessorMixin
   and PushToHubMixin (PEFT models'), Trainer.push_to_hub, huggingface_hub's HfApi.upload_file, upload_folder and
   upload_large_folder and the module's functions of those names; the training arguments' `push_to_hub=True` is
@@ -47,6 +48,7 @@ import sys
 from pathlib import Path
 
 from nbddp.examples import tiny_model
+from nbddp.fallback import save as fallback_save
 from nbddp.runtime import patches
 
 SMOKE_DIR_VARIABLE = "NBDDP_SMOKE_DIR"
@@ -127,6 +129,7 @@ def targets():
                 (datasets.load, "load_from_disk", _reading("dataset_path", index=0)),
                 (datasets.Dataset, "load_from_disk", _reading("dataset_path", index=0)),
                 (datasets.DatasetDict, "load_from_disk", _reading("dataset_dict_path", index=0))]
+    saving += [(fallback_save, "write_executorch_config", _redirecting("directory", index=0))]
     unsloth_save = sys.modules.get("unsloth.save")  # the real Unsloth only: the hf backend has no such module
     if unsloth_save is not None:
         saving += [(unsloth_save, name, _redirecting("save_directory")) for name in UNSLOTH_SAVES]

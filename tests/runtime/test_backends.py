@@ -6,8 +6,8 @@ import torch
 
 from nbddp.runtime import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import backends
-from nbddp.runtime.backends import hf_backend
+from nbddp.runtime import backend as backends
+from nbddp.fallback import models as hf_backend
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 
 from nbddp.runtime import patches
 from nbddp.errors import UsageError
-from nbddp.runtime.backends import hf_backend
+from nbddp.fallback import models as hf_backend
 from nbddp.runtime.memory import gradient_checkpointing
 from nbddp.runtime.memory.gradient_checkpointing import (
     CheckpointingChoice,
@@ -245,7 +245,7 @@ def test_a_trainer_without_a_choice_is_left_alone(patched_trainer, tiny_model, t
 def test_both_backends_patch_the_trainer(backend, monkeypatch, backend_patches_undone_after):
     from transformers import Trainer
 
-    from nbddp.runtime import backends
+    from nbddp.runtime import backend as backends
 
     init = Trainer.__init__
     unpatched = init.__wrapped__ if patches.is_patched(init, "gradient-checkpointing-choice") else init

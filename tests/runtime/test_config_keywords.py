@@ -1,12 +1,12 @@
 """Keywords Transformers 5 and TRL 1.x renamed or removed, on the hf backend
-(nbddp/runtime/backends/config_keywords.py)."""
+(nbddp/fallback/rl_config_compat.py)."""
 import dataclasses
 
 import pytest
 from trl import DPOConfig, GRPOConfig, SFTConfig
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends import config_keywords
+from nbddp.fallback import rl_config_compat as config_keywords
 
 
 @dataclasses.dataclass

@@ -184,7 +184,7 @@ def test_a_quantized_checkpoint_fsdp_cannot_shard_is_refused(tmp_path, name, qua
 def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, strategy_restored):
     """The notebook's save of a fully finetuned model runs on the main process alone, and FSDP shards the whole
     model: nothing could gather it there."""
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
     from nbddp.examples.tiny_model import ensure_weights
 
     fsdp._chosen.update(strategy="fsdp")
@@ -202,7 +202,7 @@ def test_a_merge_the_checkpoint_cannot_give_is_refused(tiny_llama_dir, model_cac
                                                         init, stored_quantized, message):
     import torch
 
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
     from nbddp.examples.tiny_model import ensure_weights
 
     model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
@@ -223,7 +223,7 @@ def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir,
     TRL does for sharded QLoRA."""
     import peft
 
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
     from nbddp.examples.tiny_model import ensure_weights
 
     def cast(model, **kwargs):
@@ -277,7 +277,7 @@ GENERATING_WORKER = textwrap.dedent('''
     from peft.utils.other import fsdp_auto_wrap_policy
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
     from transformers import TrainerState
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
     from nbddp.runtime.trainer import fsdp
 
     fsdp.install()
@@ -321,7 +321,7 @@ WORKER = textwrap.dedent('''
     import torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
     from nbddp.runtime.trainer import fsdp
 
     model_path, out = sys.argv[1], sys.argv[2]
@@ -394,7 +394,7 @@ def test_the_main_process_saves_the_whole_adapter_gathered_from_the_shards(tiny_
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
     from nbddp.examples.tiny_model import ensure_weights
 
     model_path = ensure_weights(str(tiny_llama_dir))

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from nbddp.runtime.backends import hf_backend
+from nbddp.fallback import models as hf_backend
 from nbddp.runtime.memory import fuller_batch
 from nbddp.runtime.context import DistributedContext
 from nbddp.runtime.memory.fuller_batch import SATURATED_TOKENS, Candidate, choose

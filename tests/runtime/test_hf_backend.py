@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends import hf_backend
-from nbddp.runtime.backends.hf_backend import FastLanguageModel, FastModel, is_bfloat16_supported
+from nbddp.fallback import models as hf_backend
+from nbddp.fallback.models import FastLanguageModel, FastModel, is_bfloat16_supported
 
 
 def load(path, **options):
@@ -162,7 +162,7 @@ def test_unsloths_other_names():
 def test_the_per_family_loaders_are_fast_language_model_with_unsloths_positional_order(tiny_model_path):
     """unsloth.FastQwen2Model & co. (the Tool_Calling notebook): FastLlamaModel's from_pretrained, whose fifth
     argument is `token`; max_seq_length=None is the model's context length."""
-    from nbddp.runtime.backends.hf_backend import FastLlamaModel, FastMistralModel, FastQwen2Model, FastTextModel
+    from nbddp.fallback.models import FastLlamaModel, FastMistralModel, FastQwen2Model, FastTextModel
 
     assert FastQwen2Model is FastMistralModel is FastLlamaModel and issubclass(FastLlamaModel, FastLanguageModel)
     assert FastTextModel is FastModel
@@ -190,9 +190,9 @@ def test_a_diffusion_model_is_refused_with_what_to_do(tmp_path):
 
 def test_a_name_the_fallback_lacks_is_named_with_the_fix():
     with pytest.raises(UsageError, match=r"unsloth\.FastDecisionModel is Unsloth's; .*\(--backend unsloth\)"):
-        from nbddp.runtime.backends.hf_backend import FastDecisionModel  # noqa: F401
+        from nbddp.fallback.models import FastDecisionModel  # noqa: F401
     with pytest.raises(UsageError, match=r"FastSentenceTransformer .* sentence_transformers"):
-        from nbddp.runtime.backends.hf_backend import FastSentenceTransformer  # noqa: F401
+        from nbddp.fallback.models import FastSentenceTransformer  # noqa: F401
     assert not hasattr(hf_backend, "__path__")  # what the import system asks stays an AttributeError
 
 

@@ -1,4 +1,4 @@
-"""`unsloth.chat_templates` on the hf backend (nbddp/runtime/backends/hf_chat_templates.py, hf_chat_markers.py)."""
+"""`unsloth.chat_templates` on the hf backend (nbddp/fallback/chat_templates.py, chat_markers.py)."""
 import json
 import sys
 from pathlib import Path
@@ -9,16 +9,16 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from trl import SFTConfig, SFTTrainer
 
 from nbddp.errors import DataError, UsageError
-from nbddp.runtime import backends
-from nbddp.runtime.backends.hf_chat_markers import Marker, TurnEnds, template_markers
-from nbddp.runtime.backends.hf_chat_templates import IGNORE_INDEX, response_labels
+from nbddp.runtime import backend as backends
+from nbddp.fallback.chat_markers import Marker, TurnEnds, template_markers
+from nbddp.fallback.chat_templates import IGNORE_INDEX, response_labels
 
 X = IGNORE_INDEX
 USER, ASSISTANT = Marker((7, 8)), Marker((9,))  # marker token ids
 NO_ENDS = TurnEnds(eos_id=None, bos_id=None)
 TINY_CHAT = Path(__file__).resolve().parents[2] / "models" / "tiny-chat"
 TABLE = json.loads((Path(__file__).resolve().parents[2]
-                    / "nbddp/runtime/backends/unsloth_chat_templates.json").read_text())
+                    / "nbddp/fallback/unsloth_chat_templates.json").read_text())
 SHAREGPT = {"role": "from", "content": "value", "user": "human", "assistant": "gpt"}
 CHAT = [{"role": "user", "content": "Copy the words."}, {"role": "assistant", "content": "cat dog"},
         {"role": "user", "content": "Give the first word."}, {"role": "assistant", "content": "cat"}]

@@ -1,10 +1,10 @@
-"""`unsloth.dataprep` under the fallback (nbddp/runtime/backends/hf_dataprep.py)."""
+"""`unsloth.dataprep` under the fallback (nbddp/fallback/dataprep.py)."""
 import sys
 
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.runtime import backends
+from nbddp.runtime import backend as backends
 
 
 def test_importing_synthetic_data_kit_says_what_to_do(monkeypatch, backend_patches_undone_after):

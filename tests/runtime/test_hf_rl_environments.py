@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends import hf_backend, hf_rl_environments
+from nbddp.fallback import models as hf_backend, rl_environments as hf_rl_environments
 
 
 @pytest.fixture

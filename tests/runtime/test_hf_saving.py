@@ -1,4 +1,4 @@
-"""Unsloth's saving methods on the fallback's models (nbddp/runtime/backends/hf_saving.py)."""
+"""Unsloth's saving methods on the fallback's models (nbddp/fallback/save.py)."""
 import json
 import os
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends.hf_backend import FastLanguageModel
+from nbddp.fallback.models import FastLanguageModel
 from tests.runtime.test_smoke_sandbox import SAVED_THERE, no_network, project, smoke_run  # noqa: F401 (fixtures)
 
 BATCH = [[1, 3, 4, 5, 6, 3, 7], [1, 8, 9, 10, 11, 12, 2]]

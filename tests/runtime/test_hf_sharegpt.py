@@ -1,4 +1,4 @@
-"""`to_sharegpt` and the dataset-level `apply_chat_template` on the hf backend (nbddp/runtime/backends/hf_sharegpt.py),
+"""`to_sharegpt` and the dataset-level `apply_chat_template` on the hf backend (nbddp/fallback/sharegpt.py),
 against Unsloth's own functions: their source in the pinned wheel's unsloth/chat_templates.py, run without the
 rest of Unsloth (which needs a GPU)."""
 import ast
@@ -13,8 +13,8 @@ import pytest
 from datasets import Dataset
 
 from nbddp.errors import UsageError
-from nbddp.runtime import backends
-from nbddp.runtime.backends import hf_sharegpt
+from nbddp.runtime import backend as backends
+from nbddp.fallback import sharegpt as hf_sharegpt
 from tools.extract_chat_templates import SOURCE, download_wheel, pinned_version
 
 TINY_CHAT = Path(__file__).resolve().parents[2] / "models" / "tiny-chat"
@@ -108,7 +108,7 @@ def test_construct_chat_template_gives_unsloths_template_and_modelfile(unsloth_f
 
 def test_apply_chat_template_renders_the_conversations_as_unsloths_does(unsloth_functions):
     chats = hf_sharegpt.to_sharegpt(ALPACA, merged_prompt=MERGED_PROMPT, conversation_extension=2)
-    from nbddp.runtime.backends.hf_chat_templates import standardize_sharegpt
+    from nbddp.fallback.chat_templates import standardize_sharegpt
 
     chats = standardize_sharegpt(chats)
     ours, theirs = tokenizer(), tokenizer()

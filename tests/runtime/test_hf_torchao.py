@@ -1,4 +1,4 @@
-"""The fallback's torchao paths: QAT and save_pretrained_torchao (nbddp/runtime/backends/hf_torchao.py)."""
+"""The fallback's torchao paths: QAT and save_pretrained_torchao (nbddp/fallback/qat.py, save.py)."""
 import importlib.util
 import os
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends.hf_backend import FastLanguageModel
+from nbddp.fallback.models import FastLanguageModel
 from tests.runtime.test_hf_saving import BATCH, logits, trained, tiny_model_path  # noqa: F401 (fixtures)
 from tests.runtime.test_smoke_sandbox import SAVED_THERE, no_network, project, smoke_run  # noqa: F401 (fixtures)
 

@@ -1,13 +1,13 @@
 """`unsloth.trainer`'s UnslothTrainer and UnslothTrainingArguments on the hf backend
-(nbddp/runtime/backends/hf_trainer.py)."""
+(nbddp/fallback/trainer.py)."""
 import sys
 
 import pytest
 from datasets import Dataset
 
-from nbddp.runtime import backends
-from nbddp.runtime.backends import hf_trainer
-from nbddp.runtime.backends.hf_backend import FastLanguageModel
+from nbddp.runtime import backend as backends
+from nbddp.fallback import trainer as hf_trainer
+from nbddp.fallback.models import FastLanguageModel
 
 
 @pytest.fixture

@@ -11,9 +11,9 @@ from PIL import Image
 from trl import SFTConfig, SFTTrainer
 
 from nbddp.errors import UsageError
-from nbddp.runtime import backends
-from nbddp.runtime.backends.hf_backend import FastVisionModel
-from nbddp.runtime.backends.hf_vision import UnslothVisionDataCollator, _masked_token_ids, _messages
+from nbddp.runtime import backend as backends
+from nbddp.fallback.models import FastVisionModel
+from nbddp.fallback.vision_collator import UnslothVisionDataCollator, _masked_token_ids, _messages
 from nbddp.examples.tiny_model import ensure_weights
 
 TINY_VISION = Path(__file__).resolve().parents[2] / "models" / "tiny-vision"

@@ -5,7 +5,7 @@ from huggingface_hub import constants
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends import hf_backend
+from nbddp.fallback import models as hf_backend
 from nbddp.runtime.inputs.models import require_model
 
 

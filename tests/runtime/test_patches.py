@@ -100,7 +100,9 @@ def test_a_patch_missing_from_the_table_is_refused():
 
 
 def test_every_patch_in_the_table_is_applied_by_the_runtime_and_every_one_applied_is_in_it():
-    source = "\n".join(path.read_text() for path in RUNTIME.rglob("*.py") if path.name != "patches.py")
+    # The runtime's patches, and the fallback's (nbddp/fallback: what importing Unsloth does to TRL).
+    paths = [*RUNTIME.rglob("*.py"), *(RUNTIME.parent / "fallback").rglob("*.py")]
+    source = "\n".join(path.read_text() for path in paths if path.name != "patches.py")
     # A name is applied through a helper call, or through a module constant that holds it (PATCH = "...").
     used = set(re.findall(r'patches\.(?:wrap|set_attribute|set_item|append|record)\(\s*"([\w-]+)"', source))
     used |= set(re.findall(r'^PATCH = "([\w-]+)"', source, re.M))
@@ -112,7 +114,7 @@ def test_activating_the_fallback_and_undoing_leaves_the_libraries_as_they_were()
     from transformers import Trainer
     from transformers import trainer as transformers_trainer
 
-    from nbddp.runtime import backends
+    from nbddp.runtime import backend as backends
 
     before = {name: vars(Trainer)[name] for name in ("__init__", "train", "evaluation_loop")}
     sft = (trl.SFTTrainer.__init__, trl.SFTConfig.__init__)

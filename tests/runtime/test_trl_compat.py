@@ -1,5 +1,5 @@
 """Unsloth-era `SFTTrainer(...)`, `DPOTrainer(...)`, ... arguments on the hf backend
-(nbddp/runtime/backends/trl_compat.py)."""
+(nbddp/fallback/trl_compat.py)."""
 import sys
 
 import pytest
@@ -9,10 +9,10 @@ from trl import DPOConfig, GRPOConfig, SFTConfig, SFTTrainer
 
 from nbddp.runtime import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import backends
+from nbddp.runtime import backend as backends
 from nbddp.runtime.inputs import training_overrides
 from nbddp.runtime.context import DistributedContext
-from nbddp.runtime.backends.trl_compat import config_from, patch_sft_config, patch_trainer
+from nbddp.fallback.trl_compat import config_from, patch_sft_config, patch_trainer
 
 
 class RecordingTrainer:
@@ -289,7 +289,7 @@ def test_a_text_column_named_by_dataset_text_field_wins_over_the_chats_beside_it
 
     from datasets import Dataset
 
-    from nbddp.runtime.backends.trl_compat import text_over_chats
+    from nbddp.fallback.trl_compat import text_over_chats
 
     turns = [{"from": "human", "value": "hi?"}, {"from": "gpt", "value": "hello."}]
     dataset = Dataset.from_list([{"conversations": turns, "text": "### hi? ### hello."}])
@@ -306,7 +306,7 @@ def test_trls_cached_availability_tuples_become_booleans(backend_patches_undone_
     then imports vLLM. The flags become what they say; undo puts them back."""
     import types
 
-    from nbddp.runtime.backends.trl_compat import coerce_availability_flags
+    from nbddp.fallback.trl_compat import coerce_availability_flags
 
     import_utils = types.ModuleType("trl.import_utils")
     import_utils._vllm_available, import_utils._requests_available = (False, None), (True, None)
@@ -321,7 +321,7 @@ def test_trls_cached_availability_tuples_become_booleans(backend_patches_undone_
 def test_transformers_5_gets_back_the_vision_mapping_name_trl_0_22_imports(backend_patches_undone_after):
     import types
 
-    from nbddp.runtime.backends.trl_compat import alias_vision_mapping
+    from nbddp.fallback.trl_compat import alias_vision_mapping
 
     modeling_auto = types.ModuleType("transformers.models.auto.modeling_auto")
     renamed = modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES = {"llava": "LlavaForConditionalGeneration"}

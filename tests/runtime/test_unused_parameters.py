@@ -61,7 +61,7 @@ def tiny_vision():
 
 
 def lora_model(path, **flags):
-    from nbddp.runtime.backends.hf_backend import FastVisionModel
+    from nbddp.fallback.models import FastVisionModel
 
     model, _ = FastVisionModel.from_pretrained(path, load_in_4bit=False)
     return FastVisionModel.get_peft_model(model, r=4, lora_alpha=4, use_gradient_checkpointing=False, **flags)
@@ -73,7 +73,7 @@ def test_tower_adapters_lie_outside_the_language_model(tiny_vision):
 
 
 def test_language_only_adapters_and_text_models_have_none(tiny_vision):
-    from nbddp.runtime.backends.hf_backend import FastLanguageModel
+    from nbddp.fallback.models import FastLanguageModel
 
     assert trainable_outside_language_model(lora_model(tiny_vision, finetune_vision_layers=False)) == []
     model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(REPO / "models" / "tiny-llama")),
@@ -133,7 +133,7 @@ def test_a_speech_models_codec_adapters_lie_outside_the_language_model():
     get_decoder() is the whole model."""
     from transformers import CsmForConditionalGeneration
 
-    from nbddp.runtime.backends.hf_backend import FastModel
+    from nbddp.fallback.models import FastModel
 
     model, _ = FastModel.from_pretrained(ensure_weights(str(REPO / "models" / "tiny-csm")), load_in_4bit=False,
                                          auto_model=CsmForConditionalGeneration)

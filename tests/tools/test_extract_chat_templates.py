@@ -1,4 +1,4 @@
-"""tools/extract_chat_templates.py: the committed nbddp/runtime/backends/unsloth_chat_templates.json is what Unsloth
+"""tools/extract_chat_templates.py: the committed nbddp/fallback/unsloth_chat_templates.json is what Unsloth
 gives."""
 import json
 import subprocess

@@ -202,8 +202,8 @@ def test_paddleocr_vl_gets_its_processors_template_whose_answers_train_on_respon
     from transformers import AutoProcessor
 
     monkeypatch.setenv("NBDDP_CACHE", str(tmp_path / "cache"))
-    from nbddp.runtime.backends.hf_backend import FastVisionModel
-    from nbddp.runtime.backends.hf_vision import UnslothVisionDataCollator
+    from nbddp.fallback.models import FastVisionModel
+    from nbddp.fallback.vision_collator import UnslothVisionDataCollator
     from nbddp.examples.tiny_model import ensure_weights
 
     name, template, token = standins.own_vision_template(["unsloth/PaddleOCR-VL"])

@@ -232,7 +232,7 @@ def switch_back(args, saved: Recompute) -> None:
 
 
 def real_unsloth_imported() -> bool:
-    """True once backends.activate imported Unsloth; the fallback installed as `unsloth` keeps its own name."""
+    """True once backend.activate imported Unsloth; the fallback installed as `unsloth` keeps its own name."""
     module = sys.modules.get("unsloth")
     return module is not None and module.__name__ == "unsloth"
 

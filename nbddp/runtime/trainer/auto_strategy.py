@@ -130,10 +130,10 @@ def model_config(name: str) -> dict | None:
 
 
 def _unsloth_backend(backend: str) -> bool:
-    """Whether DDP would run on Unsloth: as `backends.choose` decides."""
-    from nbddp.runtime import backends
+    """Whether DDP would run on Unsloth: as `backend.choose` decides."""
+    from nbddp.runtime.backend import choose
 
-    return backends.choose(backend)[0] == "unsloth"
+    return choose(backend)[0] == "unsloth"
 
 
 def _location(script: str, line: int) -> str:

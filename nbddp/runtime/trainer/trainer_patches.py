@@ -1,5 +1,6 @@
-"""The one Trainer patch the unsloth backend needs under DDP, and where nbddp's own callbacks join every Trainer
-(`register_callbacks`, for both backends).
+"""What every Trainer gets, on either backend (`install`, which `runtime.backend.activate` calls once the backend is
+active), where nbddp's own callbacks join it (`register_callbacks`), and the one Trainer patch the unsloth backend
+needs under DDP (`patch_compute_loss`).
 
 Unsloth issue #3452 (https://github.com/unslothai/unsloth/issues/3452): Unsloth's fused cross-entropy returns
 the loss as a view created inside a custom autograd Function. With more than one process, transformers'
@@ -17,6 +18,28 @@ import functools
 from collections.abc import Mapping
 
 from nbddp.runtime import patches
+
+
+def install() -> None:
+    """Trainers honour and check the gradient checkpointing the notebook chose (see `memory.gradient_checkpointing`),
+    lay out the batch at train() under `--batch_layout auto` (see `fuller_batch`; in a smoke run, in both layouts:
+    `smoke_layout_check`), their held-out loss on N processes is one process's (see `eval_loss`), a multimodal model's
+    unused tower adapters do not stop DDP (see `unused_parameters`), and nbddp's progress and metrics callbacks join
+    every trainer (`register_callbacks`), with the gathering of an FSDP model's adapter under `--strategy fsdp` (see
+    `fsdp`). Imports transformers: after Unsloth. Installing twice is once."""
+    from transformers import Trainer
+
+    from nbddp.runtime.memory import fuller_batch, gradient_checkpointing, smoke_layout_check
+    from nbddp.runtime.trainer import eval_loss, fsdp, unused_parameters
+
+    gradient_checkpointing.patch_trainer(Trainer)
+    fuller_batch.patch_trainer(Trainer)
+    smoke_layout_check.patch_trainer(Trainer)  # around fuller_batch's
+    eval_loss.patch_evaluation_loop(Trainer)
+    unused_parameters.patch_trainer(Trainer)
+    register_callbacks()
+    if fsdp.active():
+        fsdp.install()
 
 
 def clone_model_loss(module, args, output):

@@ -1,4 +1,4 @@
-"""`unsloth.dataprep` under the Transformers+PEFT fallback (installed by backends.activate): every name says what
+"""`unsloth.dataprep` under the Transformers+PEFT fallback (installed by runtime.backend.activate): every name says what
 to do instead, so `from unsloth.dataprep import SyntheticDataKit` is a UsageError, not "'unsloth' is not a package"."""
 from nbddp.errors import UsageError
 

@@ -19,10 +19,10 @@ answers only, with Unsloth 2026.10.9's signatures and results (unsloth/chat_temp
   EOS token included; the next instruction marker, turn opener, BOS or response marker ends it otherwise), -100
   elsewhere, in the trainer's tokenized datasets; rows left with no label are dropped, since their loss would be 0/0.
   TRL's collator pads a `labels` column as it is. Markers not given are read from the chat template, and
-  `force_match=False` matches them loosely, as Unsloth does (nbddp/runtime/backends/hf_chat_markers.py).
+  `force_match=False` matches them loosely, as Unsloth does (chat_markers.py).
 
 `to_sharegpt`, the dataset-level `apply_chat_template` (with its Ollama Modelfile) and `remove_special_tokens` are
-in hf_sharegpt.py, and importable from here as from Unsloth's module.
+in sharegpt.py, and importable from here as from Unsloth's module.
 
 Not here: datasets that the trainer left untokenized, vision collators, `mask_out_tokens`, saving patches, and
 Unsloth's test helpers (`test_chat_templates`, ...); importing one is bad input that says what to do instead.
@@ -34,27 +34,24 @@ from importlib import resources
 
 from nbddp import log
 from nbddp.errors import DataError, UsageError
-from nbddp.runtime.backends.hf_chat_markers import Marker, marker_tokens, template_markers, turn_ends
+from nbddp.fallback.chat_markers import Marker, marker_tokens, template_markers, turn_ends
+from nbddp.fallback.sharegpt import escape_jinja_literal
+# unsloth.chat_templates' dataset helpers, which sharegpt.py holds
+from nbddp.fallback.sharegpt import (apply_chat_template, construct_chat_template, get_ollama_eos_tokens,  # noqa: F401
+                                     remove_special_tokens, to_sharegpt)
 
-TABLE = json.loads(resources.files("nbddp.runtime.backends").joinpath("unsloth_chat_templates.json").read_text("utf-8"))
+TABLE = json.loads(resources.files("nbddp.fallback").joinpath("unsloth_chat_templates.json").read_text("utf-8"))
 CHAT_TEMPLATES = TABLE["chat_templates"]
 DEFAULT_MAPPING = {"role": "role", "content": "content", "user": "user", "assistant": "assistant"}
 IGNORE_INDEX = -100  # the label that cross-entropy skips
 
-# hf_sharegpt.py's names (it imports this module, so it is imported on first use).
-SHAREGPT_NAMES = ("to_sharegpt", "apply_chat_template", "remove_special_tokens", "construct_chat_template",
-                  "get_ollama_eos_tokens")
-# The rest of `unsloth.chat_templates`' public names.
+# `unsloth.chat_templates`' public names that the fallback does not have.
 UNSLOTH_ONLY = ("test_chat_templates", "test_hf_gguf_equivalence", "test_construct_chat_template")
 
 
 def __getattr__(name):
-    # `from unsloth.chat_templates import to_sharegpt` ends here (PEP 562); an error other than
+    # `from unsloth.chat_templates import test_chat_templates` ends here (PEP 562); an error other than
     # AttributeError reaches the user as it is, instead of Python's bare "cannot import name".
-    if name in SHAREGPT_NAMES:
-        from nbddp.runtime.backends import hf_sharegpt
-
-        return getattr(hf_sharegpt, name)
     if name in UNSLOTH_ONLY:
         raise UsageError(
             f"unsloth.chat_templates.{name} is Unsloth's test of its own templates against the hub's tokenizers; "
@@ -186,7 +183,7 @@ def _rename_in_backend(tokenizer, renames: dict) -> None:
 def _reading_sharegpt_keys(mapping: dict) -> str:
     """Jinja that turns messages keyed as `mapping` says (ShareGPT's from/value, human/gpt) into role/content."""
     role, content, user, assistant = (
-        "'" + _escape_jinja_literal(mapping[key]) + "'" for key in ("role", "content", "user", "assistant"))
+        "'" + escape_jinja_literal(mapping[key]) + "'" for key in ("role", "content", "user", "assistant"))
     return (
         "{%- if 'role' not in messages[0] -%}"
         "{%- set sharegpt = namespace(messages = []) -%}"
@@ -215,11 +212,7 @@ def _with_system_message(template: str, name: str, system_message) -> str:
                           "message in your data", stacklevel=3)
         return template
     message = default if system_message is None else system_message
-    return template.replace("{system_message}", _escape_jinja_literal(message))
-
-
-def _escape_jinja_literal(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("'", "\\'").replace('"', '\\"').replace("\r", "\\r")
+    return template.replace("{system_message}", escape_jinja_literal(message))
 
 
 def standardize_data_formats(

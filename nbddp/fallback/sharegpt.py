@@ -21,7 +21,6 @@ import logging
 import re
 
 from nbddp.errors import DataError, UsageError
-from nbddp.runtime.backends.hf_chat_templates import _escape_jinja_literal
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +46,11 @@ TWO_EXAMPLES = (
     "{OUTPUT}\n\nFor example what is not allowed is just:\n### Input:\\n{INPUT}\\n\\n### Response:\\n{OUTPUT}\\n\n\n"
     "What is required is 2x of this:\n### Input:\\n{INPUT}\\n\\n### Response:\\n{OUTPUT}\\n"
     "### Input:\\n{INPUT}\\n\\n### Response:\\n{OUTPUT}\\n")
+
+
+def escape_jinja_literal(text: str) -> str:
+    """`text` as the inside of a quoted Jinja string literal (chat_templates' templates use it too)."""
+    return text.replace("\\", "\\\\").replace("'", "\\'").replace('"', '\\"').replace("\r", "\\r")
 
 
 def _column_names_in(text: str) -> list[str]:
@@ -287,7 +291,7 @@ def _jinja_template(tokenizer, system_part, input_part, output_part, default_sys
         "{% elif message['role'] == 'assistant' %}{{ " + output_jinja + " }}"
         "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
         "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '" + _escape_jinja_literal(output_part[: output_part.find("{OUTPUT}")])
+        "{% if add_generation_prompt %}{{ '" + escape_jinja_literal(output_part[: output_part.find("{OUTPUT}")])
         + "' }}{% endif %}")
     system_line = ""
     if system_part:
@@ -297,7 +301,7 @@ def _jinja_template(tokenizer, system_part, input_part, output_part, default_sys
         partial_system = ("{% if messages[0]['role'] == 'system' %}{{ " + system_expression + " }}"
                           "{% set loop_messages = messages[1:] %}")
         if default_system_message is not None:
-            full_system = _escape_jinja_literal(system_part.replace("{SYSTEM}", default_system_message))
+            full_system = escape_jinja_literal(system_part.replace("{SYSTEM}", default_system_message))
             if "{SYSTEM}" in system_part:
                 system_line = '\nSYSTEM "' + default_system_message + '"'
             partial_system += "{% else %}{{ '" + full_system + "' }}{% set loop_messages = messages %}{% endif %}"
@@ -389,7 +393,7 @@ def _one_example(chat_template: str) -> tuple[str, str, str]:
 
 def _jinja_expression(part: str, which: str, content="message['content']") -> str:
     """`part` as a Jinja expression: its literal pieces quoted, `which` replaced by `content`."""
-    part = which.join(_escape_jinja_literal(piece) for piece in part.split(which))
+    part = which.join(escape_jinja_literal(piece) for piece in part.split(which))
     if part.endswith(which):
         part = "'" + part[: part.find(which)] + f"' + {content}"
     elif part.startswith(which):

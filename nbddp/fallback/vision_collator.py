@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from nbddp.errors import UsageError
-from nbddp.runtime.backends import hf_chat_templates
+from nbddp.fallback import chat_templates
 
 # unsloth_zoo/vlm_tokens.py's IMAGE_TOKENS: placeholders that stand in for images and are never targets.
 IMAGE_TOKENS = (
@@ -76,7 +76,7 @@ class UnslothVisionDataCollator:
         self.masked_ids = torch.tensor(sorted(_masked_token_ids(model, self.tokenizer)))
         self.response_labels = None
         if train_on_responses_only:
-            self.response_labels = hf_chat_templates.train_on_responses_only(
+            self.response_labels = chat_templates.train_on_responses_only(
                 None, instruction_part=instruction_part, response_part=response_part, tokenizer=self.tokenizer,
                 return_function=True)
 
@@ -125,7 +125,7 @@ class UnslothVisionDataCollator:
             labels[:, 1:].masked_fill_(attention_mask[:, :-1] == 0, self.ignore_index)
         if self.response_labels is not None:
             answers = torch.tensor(self.response_labels({"input_ids": input_ids.tolist()})["labels"])
-            labels[answers == hf_chat_templates.IGNORE_INDEX] = self.ignore_index
+            labels[answers == chat_templates.IGNORE_INDEX] = self.ignore_index
             if (labels == self.ignore_index).all():
                 raise UsageError(
                     "UnslothVisionDataCollator(train_on_responses_only=True): no row of this batch has an answer to "

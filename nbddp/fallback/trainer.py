@@ -17,7 +17,7 @@ own gradient-accumulation loop.
 import torch
 from trl import SFTConfig, SFTTrainer
 
-from nbddp.runtime.backends.hf_vision import UnslothVisionDataCollator
+from nbddp.fallback.vision_collator import UnslothVisionDataCollator
 
 __all__ = ["UnslothTrainer", "UnslothTrainingArguments", "UnslothVisionDataCollator"]
 

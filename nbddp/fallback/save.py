@@ -13,17 +13,38 @@ float16 or bfloat16, else bfloat16 (what Unsloth writes on a GPU that has it); t
 model. "lora" writes the adapter. The tokenizer goes beside either, its padding on the left for inference, as
 Unsloth saves it. Everything is written and pushed by Transformers' and PEFT's `save_pretrained` and `push_to_hub`,
 so a smoke run's sandbox (smoke_sandbox) redirects the writes and skips the pushes. What needs Unsloth's own
-exporters (4-bit and FP8/FP4 merges, GGUF through llama.cpp) raises UsageError saying what to do instead;
-`save_pretrained_torchao` quantizes with torchao where it is installed (hf_torchao.py).
+exporters (4-bit and FP8/FP4 merges, GGUF through llama.cpp) raises UsageError saying what to do instead.
+
+`save_pretrained_torchao` (unsloth/save.py `unsloth_save_pretrained_torchao`) quantizes a bfloat16 copy of the
+model (LoRA merged in, fake quantization removed; the model itself trains on) with its QAT recipe (qat.py), or with
+`torchao_config` applied to every linear layer but the output head as Transformers' TorchAoConfig does, and saves it
+with the TorchAoConfig in its config.json, so `AutoModelForCausalLM.from_pretrained` reloads it quantized:
+
+    model.save_pretrained_torchao("phone_model", tokenizer)                       # the QAT scheme's quantization
+    model.save_pretrained_torchao("model", tokenizer, torchao_config=Int8DynamicActivationIntxWeightConfig())
+
+Where Unsloth writes: a full finetune's QAT save in `save_directory`, any other in `save_directory + "-torchao"`. It
+quantizes in memory where Unsloth saves 16 bits and reloads them through TorchAoConfig: the same modules and configs,
+and only the main process's `save_pretrained` writes (the smoke sandbox redirects it, and `write_executorch_config`).
+Without torchao, or for a config whose kernels this machine lacks (qat_scheme "int4" needs mslk, CUDA only),
+UsageError says what to do.
 """
+import contextlib
 import copy
 import inspect
+import os
 import types
 
 import torch
 
+from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.fallback import qat
+from nbddp.runtime.rank import is_main_process
 from nbddp.runtime.trainer import fsdp
+
+EXECUTORCH_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_5", "qwen3_5_text", "phi3", "lfm2"}  # export_llm's
+EXECUTORCH_CONFIG = "executorch_export_config.yaml"
 
 BACKEND = "nbddp's Transformers+PEFT fallback (--backend hf)"
 ON_UNSLOTH = "or run on a GPU with Unsloth installed (--backend unsloth)"
@@ -94,10 +115,41 @@ def push_to_hub_gguf(self, repo_id, tokenizer=None, quantization_method="fast_qu
 def save_pretrained_torchao(self, save_directory, tokenizer=None, torchao_config=None, push_to_hub=False,
                             token=None):
     """Unsloth's `save_pretrained_torchao`: the model quantized with torchao (its QAT scheme's recipe, or
-    `torchao_config`) and saved or pushed, as hf_torchao.save_pretrained_torchao says."""
-    from nbddp.runtime.backends import hf_torchao
+    `torchao_config`) and saved, or with `push_to_hub` pushed to the repository `save_directory` names, as the
+    module docstring says; the tokenizer goes beside the weights, padding on the left."""
+    from peft import PeftModel
 
-    hf_torchao.save_pretrained_torchao(self, save_directory, tokenizer, torchao_config, push_to_hub, token)
+    call = f"model.save_pretrained_torchao({save_directory!r})"
+    qat.require_torchao(call)
+    recipe = getattr(self, "_torchao_config", None)
+    if torchao_config is None and recipe is None:
+        raise UsageError(
+            f"{call} without torchao_config on a model not trained with qat_scheme: pass the quantization, "
+            "torchao_config=Int8DynamicActivationIntxWeightConfig() for example (from torchao.quantization), or "
+            "train with qat_scheme (from_pretrained(..., full_finetuning=True, qat_scheme=...) or "
+            "get_peft_model(..., qat_scheme=...))")
+    in_place = torchao_config is None and not isinstance(self, PeftModel)
+    target = str(save_directory) if in_place else f"{save_directory}-torchao"
+    if not is_main_process():
+        return
+    quantized = _to_save(self, "save_pretrained_torchao", "merged_16bit", torch.bfloat16)
+    if quantized is self:
+        quantized = copy.deepcopy(self)
+    _strip_fake_quantization(quantized)
+    configs = recipe.base_config_and_filter_fns if torchao_config is None else [
+        (getattr(torchao_config, "quant_type", torchao_config), _linear_but_head(quantized))]
+    _quantize(quantized, configs, call)
+    with _hf_quantizer(quantized):
+        if push_to_hub:
+            quantized.push_to_hub(target, token=token)
+            if tokenizer is not None:
+                _padded_left(tokenizer, tokenizer.push_to_hub, target, token=token)
+        else:
+            quantized.save_pretrained(target, **_accepted(quantized.save_pretrained, safe_serialization=False))
+            if tokenizer is not None:
+                _padded_left(tokenizer, tokenizer.save_pretrained, target)
+    if torchao_config is None and recipe.qat_scheme == "int8-int4" and not push_to_hub:
+        write_executorch_config(target, self.config.model_type)
 
 
 METHODS = {function.__name__: function for function in (
@@ -190,3 +242,99 @@ def _padded_left(tokenizer, save, *args, **kwargs):
         save(*args, **kwargs)
     finally:
         inner.padding_side = side
+
+
+def _strip_fake_quantization(model):
+    """Fake-quantized modules back to plain ones, weights untouched (QATConfig "convert" without a config)."""
+    from torchao.quantization import quantize_
+    from torchao.quantization.qat import QATConfig
+
+    quantize_(model, QATConfig(step="convert"), filter_fn=lambda module, name: hasattr(module, "weight_fake_quantizer"))
+
+
+def _linear_but_head(model):
+    """The modules Transformers' TorchAoConfig quantizes by default: the linear layers, the output head left out."""
+    head = model.get_output_embeddings()
+    return lambda module, name: isinstance(module, torch.nn.Linear) and module is not head
+
+
+def _quantize(model, configs, call):
+    """Apply each (config, filter) to `model`, and record them as the TorchAoConfig of its config."""
+    from torchao.quantization import ModuleFqnToConfig, quantize_
+    from torchao.utils import TorchAOBaseTensor
+    from transformers import TorchAoConfig
+
+    by_module = {}
+    for base_config, keep in configs:
+        names = [name for name, module in model.named_modules() if name and keep(module, name)]
+        try:
+            quantize_(model, base_config, filter_fn=keep)
+        except (ImportError, NotImplementedError, RuntimeError) as error:
+            raise UsageError(
+                f"{call}: torchao's {type(base_config).__name__} cannot quantize on this machine ({error}). Its CPU "
+                "configs are IntxWeightOnlyConfig and Int8DynamicActivationIntxWeightConfig (qat_scheme 'int8' and "
+                "'int8-int4'); save the merged model, model.save_pretrained_merged(\"merged\", tokenizer), and "
+                "quantize it where the kernels run, or run on a GPU with Unsloth installed (--backend unsloth)"
+            ) from None
+        by_module.update(dict.fromkeys(names, base_config))
+    embeddings = [model.get_input_embeddings(), model.get_output_embeddings()]
+    quantized_embeddings = any(module is not None and isinstance(module.weight, TorchAOBaseTensor)
+                               for module in embeddings)
+    options = {"include_input_output_embeddings": True, "modules_to_not_convert": []} if quantized_embeddings else {}
+    model.config.quantization_config = TorchAoConfig(quant_type=ModuleFqnToConfig(by_module), **options)
+
+
+@contextlib.contextmanager
+def _hf_quantizer(model):
+    """Transformers 5 saves torchao's tensor subclasses only with a torchao HfQuantizer on the model (Unsloth's
+    `_torchao_hf_quantizer_attached`); Transformers 4 pickles them as they are."""
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5 or getattr(model, "hf_quantizer", None) is not None:
+        yield
+        return
+    from transformers.quantizers.auto import AutoHfQuantizer
+
+    model.hf_quantizer = AutoHfQuantizer.from_config(model.config.quantization_config, pre_quantized=False)
+    try:
+        yield
+    finally:
+        del model.hf_quantizer
+
+
+def write_executorch_config(directory, model_type):
+    """Unsloth's ExecuTorch export settings for qat_scheme "int8-int4": printed, and written into `directory`, beside
+    the weights, for the model types ExecuTorch's export_llm takes (a smoke run's sandbox redirects `directory`)."""
+    settings = ("quantization.qmode=8da4w quantization.group_size=32 quantization.use_hqq=false "
+                'quantization.embedding_quantize="8,0"')
+    if model_type not in EXECUTORCH_MODEL_TYPES:
+        log.info(f"nbddp: ExecuTorch's export_llm does not take model type {model_type!r}; export with "
+                 f"optimum-executorch (XNNPACK) using {settings}, to match this QAT recipe")
+        return
+    path = os.path.join(directory, EXECUTORCH_CONFIG)
+    with open(path, "w", encoding="utf-8") as file:
+        file.write(EXECUTORCH_YAML)
+    log.info(f"nbddp: for ExecuTorch, export with export_llm using {settings} (its defaults, group_size 128 with "
+             f"HQQ, do not match this QAT recipe); config written to {path}")
+
+
+EXECUTORCH_YAML = """\
+# ExecuTorch export_llm config matching Unsloth qat_scheme="phone-deployment" (int8-int4).
+# Export from a merged 16-bit checkpoint (model.save_pretrained_merged(dir, tokenizer)), converted to
+# ExecuTorch's format, e.g. for Qwen3: python -m examples.models.qwen3.convert_weights <dir> model.pth
+# Then: python -m extension.llm.export.export_llm --config this_file.yaml \\
+#   +base.model_class=<e.g. qwen3_0_6b> +base.params=<model params json> +base.checkpoint=model.pth
+model:
+  use_kv_cache: True
+  use_sdpa_with_kv_cache: True
+  dtype_override: fp32
+quantization:
+  qmode: 8da4w
+  group_size: 32
+  use_hqq: False
+  embedding_quantize: "8,0"
+backend:
+  xnnpack:
+    enabled: True
+    extended_ops: True
+"""  # unsloth/save.py's EXECUTORCH_PHONE_DEPLOYMENT_CONFIG

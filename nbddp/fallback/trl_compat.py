@@ -15,7 +15,7 @@ the trainer's config (`max_seq_length` is now `max_length`), and `tokenizer` is 
 Unsloth patches every TRL trainer to move such arguments into its config (unsloth/trainer.py,
 `_patch_trl_trainer` and `_backwards_compatible_trainer`), so these notebooks run there. On the hf backend nothing
 imports Unsloth, so `patch_trl()` makes the same move for the trainers the notebooks use (SFT, GRPO, DPO, ORPO),
-takes a list of rows as a dataset, and lets their configs take the keywords Transformers 5 and TRL 1.x renamed (`config_keywords`). Unsloth's own
+takes a list of rows as a dataset, and lets their configs take the keywords Transformers 5 and TRL 1.x renamed (`rl_config_compat`). Unsloth's own
 `SFTConfig` also takes `max_seq_length=` (its compiled `UnslothSFTConfig`), which TRL's refuses; `patch_sft_config`
 lets it set `max_length` there too.
 
@@ -38,7 +38,7 @@ import warnings
 
 from nbddp.errors import UsageError
 from nbddp.runtime import patches
-from nbddp.runtime.backends import config_keywords
+from nbddp.fallback import rl_config_compat
 
 # (module, trainer, config) of the trainers Unsloth's notebooks build; those not importable here are skipped.
 TRAINERS = (
@@ -64,7 +64,7 @@ def patch_trl() -> None:
             continue
         config_class = getattr(module, config_name)
         patch_trainer(getattr(module, trainer_name), config_class)
-        config_keywords.patch_config(config_class)
+        rl_config_compat.patch_config(config_class)
     patch_sft_config(trl.SFTConfig)
     refuse_moved_names(trl)
 
@@ -136,7 +136,7 @@ def text_over_chats(dataset, kwargs):
 def datasets_from_rows(rows):
     """A `datasets.Dataset` of `rows` (dicts), as Unsloth lets SFTTrainer and GRPOTrainer take a list
     (unsloth/models/rl.py, `_allow_list_train_dataset`) where TRL 1.10+ refuses one. PIL images inside messages
-    are stored as Arrow's {"bytes", "path"}, which the fallback's vision collator decodes (hf_vision)."""
+    are stored as Arrow's {"bytes", "path"}, which the fallback's vision collator decodes (vision_collator)."""
     from datasets import Dataset
 
     return Dataset.from_list(list(rows))
@@ -147,7 +147,7 @@ def with_config_arguments(config_class, training_args, config_arguments: dict):
     on a `config_class` built from it (`config_from`)."""
     if not isinstance(training_args, config_class):
         return config_from(config_class, training_args, config_arguments)
-    arguments = config_keywords.forward(config_class, _trl_names(config_class, config_arguments))
+    arguments = rl_config_compat.forward(config_class, _trl_names(config_class, config_arguments))
     fields = {field.name for field in dataclasses.fields(config_class)}
     for name, value in arguments.items():
         if name not in fields:  # what building the config with it would say
@@ -220,7 +220,7 @@ def _refuse_without_config(trainer_class, config_class, config_arguments) -> Non
     name it had): with no `args=` there is no config to move it into, and Unsloth passes it on to fail in TRL."""
     trainer, config = trainer_class.__name__, config_class.__name__
     for key in config_arguments:
-        name = key if key in _unsloth_only(config_class) else config_keywords.current_name(config_class, key)
+        name = key if key in _unsloth_only(config_class) else rl_config_compat.current_name(config_class, key)
         if name is not None:
             raise UsageError(
                 f"{trainer}({key}=...): `{key}` is a setting of {config}, not an argument of {trainer}, and this "

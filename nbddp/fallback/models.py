@@ -13,7 +13,7 @@ Unsloth runs unchanged on a CPU or a GPU without Unsloth:
 
 With CUDA and bitsandbytes, `load_in_4bit` is the standard Transformers+PEFT QLoRA recipe (nf4, double
 quantisation, `prepare_model_for_kbit_training`): the baseline the benchmarks compare Unsloth against.
-transformers, peft and trl are imported inside the functions (`unsloth.trainer`, hf_trainer.py, on first use):
+transformers, peft and trl are imported inside the functions (`unsloth.trainer`, trainer.py, on first use):
 this module is imported before Unsloth, which must be imported before them. A public name Unsloth has and this
 module lacks raises UsageError naming it, so `from unsloth import X` says what to do instead of "cannot import".
 """
@@ -29,9 +29,7 @@ import torch
 
 from nbddp import log
 from nbddp.errors import UsageError
-# `unsloth.chat_templates` (see backends.activate)
-from nbddp.runtime.backends import hf_chat_templates as chat_templates
-from nbddp.runtime.backends import hf_rl_environments, hf_saving, hf_torchao
+from nbddp.fallback import chat_templates, qat, rl_environments, save  # chat_templates: `unsloth.chat_templates`
 from nbddp.runtime.inputs.models import require_model
 from nbddp.runtime.memory.gradient_checkpointing import peft_mode
 from nbddp.runtime.trainer import fsdp
@@ -64,9 +62,9 @@ DIFFUSION_MODEL_TYPES = ("diffusion_gemma", "diffusion_gemma4")  # unsloth/model
 
 VLLM_METHODS = ("fast_generate", "load_lora")  # what fast_inference=True gives an Unsloth model
 
-# `unsloth.trainer`'s names, which Unsloth also exports at the top (hf_trainer.py imports trl, so on first use).
+# `unsloth.trainer`'s names, which Unsloth also exports at the top (trainer.py imports trl, so on first use).
 TRAINER_NAMES = ("UnslothTrainer", "UnslothTrainingArguments", "UnslothVisionDataCollator")
-# `unsloth.chat_templates`' public names, which Unsloth exports at the top too: hf_chat_templates has them (or
+# `unsloth.chat_templates`' public names, which Unsloth exports at the top too: chat_templates has them (or
 # says what to do instead).
 CHAT_TEMPLATE_NAMES = ("get_chat_template", "test_chat_templates", "test_hf_gguf_equivalence", "remove_special_tokens",
                        "to_sharegpt", "standardize_sharegpt", "standardize_data_formats", "apply_chat_template",
@@ -76,13 +74,13 @@ CHAT_TEMPLATE_NAMES = ("get_chat_template", "test_chat_templates", "test_hf_gguf
 def __getattr__(name):
     # PEP 562: `from unsloth import X` for a name not defined above ends here.
     if name == "trainer" or name in TRAINER_NAMES:
-        from nbddp.runtime.backends import hf_trainer
+        from nbddp.fallback import trainer
 
-        return hf_trainer if name == "trainer" else getattr(hf_trainer, name)
+        return trainer if name == "trainer" else getattr(trainer, name)
     if name in CHAT_TEMPLATE_NAMES:
         return getattr(chat_templates, name)
-    if name in hf_rl_environments.NAMES:
-        return getattr(hf_rl_environments.load(), name)
+    if name in rl_environments.NAMES:
+        return getattr(rl_environments.load(), name)
     if name == "FastSentenceTransformer":
         raise UsageError(
             "unsloth.FastSentenceTransformer (embedding models) is not in nbddp's Transformers+PEFT fallback "
@@ -157,7 +155,7 @@ class FastLanguageModel:
         """Wrap `model` with LoRA adapters; only the adapters (and `modules_to_save`) are trainable.
 
         `embed_tokens` and `lm_head` in `target_modules` move to `modules_to_save`, as in Unsloth. The result has
-        Unsloth's `save_lora(directory)` (the adapter's `save_pretrained`) and its saving methods (see hf_saving).
+        Unsloth's `save_lora(directory)` (the adapter's `save_pretrained`) and its saving methods (see save.py).
         """
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
         from transformers import set_seed
@@ -193,9 +191,9 @@ class FastLanguageModel:
         )
         set_seed(random_state)  # as Unsloth does: the LoRA init is the same on every rank and every run
         peft_model = get_peft_model(model, config)
-        hf_torchao.prepare_qat(peft_model, kwargs.get("qat_scheme"))  # QAT of the base layers, as Unsloth
+        qat.prepare_qat(peft_model, kwargs.get("qat_scheme"))  # QAT of the base layers, as Unsloth
         peft_model.save_lora = peft_model.save_pretrained
-        return hf_saving.attach(peft_model)
+        return save.attach(peft_model)
 
     @staticmethod
     def for_inference(model):
@@ -399,9 +397,9 @@ def _load(model_class, processor_class, model_name, max_seq_length, dtype, load_
     if hasattr(model, "generate"):  # a classifier (auto_model=AutoModelForSequenceClassification) has none
         model.generate = _takes_encoding_as_input_ids(model.generate)
     model.gradient_checkpointing_enable = _non_reentrant_by_default(model.gradient_checkpointing_enable)
-    hf_saving.attach(model)  # save_pretrained_merged, ...: Unsloth binds its saving methods to every model it loads
+    save.attach(model)  # save_pretrained_merged, ...: Unsloth binds its saving methods to every model it loads
     if full_finetuning:  # Unsloth takes qat_scheme in from_pretrained for full finetuning only
-        hf_torchao.prepare_qat(model, kwargs.get("qat_scheme"))
+        qat.prepare_qat(model, kwargs.get("qat_scheme"))
     if kwargs.get("fast_inference"):
         for name in VLLM_METHODS:
             setattr(model, name, functools.partial(_vllm_only, name))
