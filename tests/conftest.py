@@ -30,6 +30,18 @@ def pytest_xdist_auto_num_workers(config):
     return 0 if names_single_tests(config) else None
 
 
+def pytest_collection_modifyitems(items):
+    """The slowest first, so that xdist's workers finish together rather than one waiting on a long test at the end:
+    e2e tests, then the rest, then those reading the reference runs, which have run in the background meanwhile.
+    (A stable sort: each group keeps pytest's order.)"""
+    def group(item):
+        if item.get_closest_marker("e2e"):
+            return 0
+        return 2 if "ddp_reference_runs" in getattr(item, "fixturenames", ()) else 1
+
+    items.sort(key=group)
+
+
 REFERENCE_RUNS = Path(__file__).parent / "fixtures" / "e2e" / "reference_runs.py"
 REFERENCE_RUNS_BOUND_S = 1200  # export and two short trainings, on a 2-core machine shared with other work
 
