@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nbddp import cli
 from nbddp.errors import NbddpError, UsageError
 from nbddp.orchestration import parameters
 from nbddp.orchestration import run as run_module
@@ -127,6 +128,15 @@ def test_the_flags_lines_follow_the_environments(script, notebook_runs, monkeypa
     assert notebook_runs[0]["extra_env"][ENV] == "seed=3\nlearning_rate=5e-4\nlearning_rate=1e-4"  # the last one wins
 
 
+def test_smoke_takes_the_strategy_as_run_and_launch_do(script, notebook_runs, capsys):
+    script.write_text(SCRIPT.replace('batch_layout = "notebook"\n', 'batch_layout = "notebook"\nstrategy = "auto"\n'))
+    assert cli.main(["smoke", "--script", str(script), "--device", "cpu", "--strategy", "ddp"]) == 0
+    assert notebook_runs[0]["parameters"]["strategy"] == "ddp"
+    assert cli.main(["smoke", "--script", str(script), "--device", "cpu", "--strategy", "sideways"]) == 2
+    assert capsys.readouterr().err.startswith("error: --strategy sideways: expected one of ddp, fsdp, auto")
+    assert len(notebook_runs) == 1
+
+
 # run
 
 
@@ -142,12 +152,14 @@ def test_run_gives_both_the_smoke_and_torchrun_the_overrides(script, notebook_ru
 
 def test_run_with_auto_smokes_both_layouts_and_launches_the_notebooks_without_proof(script, notebook_runs, launches,
                                                                                  monkeypatch):
+    """One smoke process trains both layouts (the runtime's smoke_layout_check, told by NBDDP_LAYOUT_CHECK where
+    the notebook layout's metrics go); a fake one writes none, so nothing is proven."""
     monkeypatch.setattr(run_module, "check_export_fresh", lambda script: None)
     run(script, options=LaunchOptions("2"), device="cpu", overrides=SET, batch_layout="auto")
-    (notebook_call, fuller_call), [plan] = notebook_runs, launches
-    assert notebook_call["parameters"]["batch_layout"] == "notebook"
-    assert fuller_call["parameters"]["batch_layout"] == "auto"
-    assert fuller_call["extra_env"]["NBDDP_PLAN_PROCESSES"] == "2" and fuller_call["extra_env"][ENV] == plan.env_additions[ENV]
+    [smoke_call], [plan] = notebook_runs, launches
+    assert smoke_call["parameters"]["batch_layout"] == "auto"
+    assert smoke_call["extra_env"]["NBDDP_PLAN_PROCESSES"] == "2" and smoke_call["extra_env"][ENV] == plan.env_additions[ENV]
+    assert smoke_call["extra_env"]["NBDDP_LAYOUT_CHECK"].endswith("metrics-notebook-layout.jsonl")
     flags = plan.command[plan.command.index(str(script)) + 1:]
     assert flags[flags.index("--batch_layout") + 1] == "notebook"  # these fake runs wrote no metrics: nothing proven
 
