@@ -46,7 +46,7 @@ def test_a_notebook_given_for_the_folder_says_how_to_make_it_a_stage(tmp_path):
 
 
 def test_missing_directory_is_an_error(tmp_path):
-    with pytest.raises(NotebookError, match=r"no such folder \(/.*missing\).*nbddp new my-project.*--notebooks PATH"):
+    with pytest.raises(NotebookError, match=r"(?s)no such folder \(/.*missing\).*nbddp new my-project.*--notebooks PATH"):
         read_stages(tmp_path / "missing")
 
 
