@@ -4,17 +4,19 @@
 
     python pipeline.py export [--notebooks notebooks] [--out generated] [--check] [--force]
     python pipeline.py smoke [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
-                             [--device N|cpu] [--timeout S] [-q|-v]
+                             [--strategy S] [--device N|cpu] [--timeout S] [-q|-v]
     python pipeline.py launch [--nproc-per-node N|auto] [--nnodes M --node-rank R --rdzv-endpoint HOST:PORT]
                               [--max-restarts N] [--set NAME=VALUE]... [--batch-layout L] [--dry-run] [-q|-v]
                               [-- SCRIPT FLAGS]
     python pipeline.py launch --slurm [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--job-name NAME]
                               [--time T] [--partition P] [--max-restarts N] [-o train.sbatch] [-- SCRIPT FLAGS]
     python pipeline.py run [launch options] [-p NAME VALUE]... [-f params.yaml] [--set NAME=VALUE]... [--batch-layout L]
-                           [-q|-v]
+                           [--strategy S] [-q|-v]
     python pipeline.py regress [--suite regress.yaml] [--only NAME] [--set NAME=VALUE]... [--update-baseline]
 
-Each subcommand parses its flags and calls the library; bad input exits 2 with the error's message.
+Each subcommand parses its flags and calls the library; bad input exits 2 with the error's message. The options
+that are run settings (every option but export's, new's, launch's --dry-run and SLURM group, and regress's own)
+come from nbddp.formats.run_settings, the table that says which command takes which.
 """
 import argparse
 import importlib.metadata
@@ -25,8 +27,9 @@ import textwrap
 
 from nbddp import log
 from nbddp.errors import NbddpError, UsageError
+from nbddp.formats import run_settings
 from nbddp.orchestration import flag_spelling
-from nbddp.orchestration.launch.launch import DEFAULT_RDZV_ID, LaunchOptions, job_script_args, launch
+from nbddp.orchestration.launch.launch import LaunchOptions, job_script_args, launch
 from nbddp.orchestration.launch.slurm import DEFAULT_JOB_SCRIPT, SlurmOptions, write_job_script
 from nbddp.orchestration.project.new_project import new_project
 from nbddp.orchestration.regress.regress import regress
@@ -34,7 +37,7 @@ from nbddp.orchestration.run import run
 from nbddp.orchestration.smoke.smoke import smoke
 
 
-DEFAULT_SCRIPT = "generated/train.py"
+DEFAULT_SCRIPT = run_settings.setting("script").default
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -130,18 +133,22 @@ def run_export(args) -> int:
     return 0
 
 
-def add_script_option(command) -> None:
-    command.add_argument("--script", default=DEFAULT_SCRIPT, help="the generated script (default: %(default)s)")
-
-
-def add_parameter_options(command) -> None:
-    """-p/-f and the smoke run's device and timeout, shared by smoke and run."""
-    command.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
-                         help="override a notebook parameter; VALUE is typed like its default (repeatable)")
-    command.add_argument("-f", "--params-file", help="YAML file of parameter overrides (-p wins over it)")
-    command.add_argument("--device", help="the one device the smoke run sees: a GPU index or cpu "
-                                          "(default: the first GPU, else cpu)")
-    command.add_argument("--timeout", type=int, default=1800, help="seconds each notebook cell may run (default: %(default)s)")
+def add_settings(command, verb, skip=()) -> None:
+    """The options `verb` takes from the table of run settings (run_settings.for_command), in its order: each one
+    not added yet, but those named in `skip`. A script parameter's option defaults to None: the script's own default
+    then applies (a script exported by an older nbddp may lack the parameter)."""
+    added = {action.dest for action in command._actions}
+    parameters = run_settings.script_parameters()
+    for entry in run_settings.for_command(verb):
+        if entry.name in skip or entry.destination() in added:
+            continue
+        if entry.name == "log_level":
+            add_log_options(command)
+            continue
+        default = None if entry in parameters else list(entry.default) if entry.action == "append" else entry.default
+        command.add_argument(*entry.option_strings(), dest=entry.destination(), action=entry.action, nargs=entry.nargs,
+                             type=int if entry.type == "int" else None, metavar=entry.metavar, default=default,
+                             help=entry.help_for(verb))
 
 
 def add_log_options(command) -> None:
@@ -154,46 +161,6 @@ def add_log_options(command) -> None:
                         help="more: a progress line for every logged training step")
 
 
-def add_set_option(command, scope="") -> None:
-    command.add_argument("--set", dest="overrides", action="append", default=[], metavar="NAME=VALUE",
-                         help="override a keyword of the training arguments the notebook builds (TrainingArguments, "
-                              f"SFTConfig, GRPOConfig, ...){scope}, typed as Transformers types that field and checked "
-                              "before anything runs; repeatable; e.g. --set learning_rate=1e-4 --set bf16=false")
-
-
-def add_batch_layout_option(command) -> None:
-    command.add_argument("--batch-layout", metavar="{notebook,per-device,auto}",
-                         help="how N processes share the notebook's batch: notebook (the script's default) keeps its "
-                              "global batch (per_device_train_batch_size x gradient_accumulation_steps) by dividing "
-                              "the accumulation; per-device is classic DDP, each process runs the notebook's "
-                              "per-device settings, so the global batch grows N times; auto keeps the global batch "
-                              "in the fullest micro batch that fits each GPU, with the cheapest gradient "
-                              "checkpointing that fits (a number B: micro batch B, the global batch kept); "
-                              "e.g. --batch-layout per-device")
-
-
-def add_strategy_option(command) -> None:
-    command.add_argument("--strategy", metavar="{ddp,fsdp,auto}",
-                         help="how the model lies on the GPUs: ddp keeps a whole model on every GPU (the fastest; "
-                              "Unsloth's kernels); fsdp shards it across them (Transformers+PEFT under accelerate's "
-                              "FSDP2), for a 16- or 32-bit model one GPU cannot hold (GPUs only); auto (the script's "
-                              "default) takes ddp when the memory estimate says one process fits its GPU, else fsdp, "
-                              "and says which and why; e.g. --strategy fsdp")
-
-
-def add_launch_options(command) -> None:
-    """torchrun's world, shared by launch and run."""
-    command.add_argument("--nproc-per-node", default="auto",
-                         help="processes on this node; auto = one per visible GPU, or 2 CPU processes without GPUs")
-    command.add_argument("--nnodes", "--nodes", type=int, default=1, help="number of nodes (default: 1)")
-    command.add_argument("--node-rank", type=int, default=0, help="this node's rank, 0..nnodes-1")
-    command.add_argument("--rdzv-endpoint", help="HOST:PORT every node reaches (needed with --nnodes > 1)")
-    command.add_argument("--rdzv-id", default=DEFAULT_RDZV_ID, help="job id, the same on every node (default: %(default)s)")
-    command.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                         help="restart all workers up to N times after a failure; they resume from the last "
-                              "checkpoint (default: 0)")
-
-
 def launch_options(args) -> LaunchOptions:
     return LaunchOptions(args.nproc_per_node, args.nnodes, args.node_rank, args.rdzv_endpoint, args.rdzv_id,
                          args.max_restarts)
@@ -201,8 +168,8 @@ def launch_options(args) -> LaunchOptions:
 
 # Flags that only torchrun on this machine uses, and flags that only the SLURM job script uses: their defaults,
 # so that a flag given in the wrong mode is refused rather than ignored.
-TORCHRUN_ONLY = {"nproc_per_node": "auto", "node_rank": 0, "rdzv_endpoint": None, "rdzv_id": DEFAULT_RDZV_ID,
-                 "dry_run": False}
+TORCHRUN_ONLY = {name: run_settings.setting(name).default
+                 for name in ("nproc_per_node", "node_rank", "rdzv_endpoint", "rdzv_id")} | {"dry_run": False}
 SLURM_ONLY = {"gpus_per_node": None, "cpus_per_node": None, "job_name": None, "time": None, "partition": None,
               "output": None}
 
@@ -231,17 +198,13 @@ def add_smoke_command(subcommands) -> None:
                "cell and line; exit status 1, or 2 for bad input nbddp caught (a missing data file, say).\n"
                + flag_spelling.parameters_help(DEFAULT_SCRIPT, "smoke"),
     )
-    add_script_option(command)
-    add_parameter_options(command)
-    add_set_option(command)
-    add_batch_layout_option(command)
-    add_log_options(command)
+    add_settings(command, "smoke")
     command.set_defaults(run=run_smoke)
 
 
 def run_smoke(args) -> int:
     smoke(args.script, args.param, args.params_file, args.device, args.timeout, overrides=args.overrides,
-          batch_layout=args.batch_layout)
+          batch_layout=args.batch_layout, strategy=args.strategy)
     return 0
 
 
@@ -253,13 +216,9 @@ def add_launch_command(subcommands) -> None:
         description="Launch the generated script with torchrun (gloo on CPU, NCCL on GPUs); exits with its status.",
         epilog=flag_spelling.parameters_help(DEFAULT_SCRIPT, "launch"),
     )
-    add_script_option(command)
-    add_launch_options(command)
-    add_set_option(command)
-    add_batch_layout_option(command)
-    add_strategy_option(command)
+    add_settings(command, "launch", skip=("log_level",))
     command.add_argument("--dry-run", action="store_true", help="print the command and environment, run nothing")
-    add_log_options(command)
+    add_settings(command, "launch")
     slurm = command.add_argument_group("SLURM", "write an sbatch script instead of running (one torchrun per node)")
     slurm.add_argument("--slurm", action="store_true", help="write the job script; --nodes sets the node count")
     slurm.add_argument("--gpus-per-node", type=int, metavar="G", help="GPUs, and so workers, per node (default: 1)")
@@ -292,13 +251,7 @@ def add_run_command(subcommands) -> None:
                     "stops at the first failure. Results in runs/<UTC time>-run/.",
         epilog=flag_spelling.parameters_help(DEFAULT_SCRIPT, "run"),
     )
-    add_script_option(command)
-    add_launch_options(command)
-    add_parameter_options(command)
-    add_set_option(command)
-    add_batch_layout_option(command)
-    add_strategy_option(command)
-    add_log_options(command)
+    add_settings(command, "run")
     command.set_defaults(run=run_pipeline)
 
 
@@ -318,7 +271,7 @@ def add_regress_command(subcommands) -> None:
     command.add_argument("--suite", default="regress.yaml", help="suite file (default: %(default)s)")
     command.add_argument("--only", metavar="NAME", help="run only this case")
     command.add_argument("--update-baseline", action="store_true", help="store this run's figures as the baseline")
-    add_set_option(command, " in every case, over the case's own `set:`")
+    add_settings(command, "regress")
     command.set_defaults(run=run_regress)
 
 

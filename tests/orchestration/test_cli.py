@@ -133,8 +133,7 @@ def test_batch_layout_reaches_smoke_and_run(calls, verb):
     assert pipeline.main([verb, "--batch-layout", "auto"]) == 0
     assert calls[f"{verb} keywords"]["batch_layout"] == "auto"
     pipeline.main([verb])
-    strategy = {"strategy": None} if verb == "run" else {}  # the smoke run has -p strategy only
-    assert calls[f"{verb} keywords"] == {"overrides": [], "batch_layout": None, **strategy}  # the script's defaults
+    assert calls[f"{verb} keywords"] == {"overrides": [], "batch_layout": None, "strategy": None}  # the script's own
 
 
 def test_slurm_passes_set_and_batch_layout_as_script_flags(calls):

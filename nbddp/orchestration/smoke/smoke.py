@@ -16,17 +16,17 @@ from nbddp.orchestration.smoke.smoke_run import DEFAULT_SCRIPT, run_smoke, user_
 
 @stopping.ends_on_signals
 def smoke(script=DEFAULT_SCRIPT, flags=(), params_file=None, device=None, timeout=None, runs_root=RUNS_ROOT, *,
-          overrides=(), batch_layout=None):
+          overrides=(), batch_layout=None, strategy=None):
     """Smoke-run `script` with the smoke defaults, then the -f file's values, then each -p flag.
 
     `flags` are `(name, text)` pairs from `-p NAME VALUE`; `device` is None (first GPU, else CPU),
     `cpu` or a GPU index; `timeout` is per cell, in seconds. `overrides` are `NAME=VALUE` lines from
-    `--set` (training arguments; checked before anything runs); `batch_layout` is `--batch-layout`'s value
-    (None: the script's default); with `auto` it smoke-runs both layouts in one run into `smoke/` and
-    compares them (layout_check), returning None. Raises NotebookRunFailed (exit 1) at the source notebook cell and line of
-    a failing cell.
+    `--set` (training arguments; checked before anything runs); `batch_layout` and `strategy` are
+    `--batch-layout`'s and `--strategy`'s values (None: the script's default); with batch layout `auto` it
+    smoke-runs both layouts in one run into `smoke/` and compares them (layout_check), returning None. Raises
+    NotebookRunFailed (exit 1) at the source notebook cell and line of a failing cell.
     """
-    notebook, defaults, user = user_parameters(script, flags, params_file, batch_layout)
+    notebook, defaults, user = user_parameters(script, flags, params_file, batch_layout, strategy)
     overrides_env = parameters.checked_overrides_environment(overrides)
     visible = devices.single_device(device)
     run_dir = new_run_dir("smoke", runs_root)
