@@ -116,9 +116,9 @@ def test_readme_and_the_commands_help_give_the_same_install_commands():
     assert all(f"\n{command}\n" in readme for command in commands)
 
 
-def test_unsloth_extra_is_the_readme_gpu_install():
-    readme = (ROOT / "README.md").read_text()
-    (line,) = [line for line in readme.splitlines() if re.match(r"\S*pip install unsloth==", line)]
+def test_unsloth_extra_is_the_guides_gpu_install():
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    (line,) = [line for line in guide.splitlines() if re.match(r"\S*pip install unsloth==", line)]
     assert sorted(line.split()[2:]) == sorted(project()["optional-dependencies"]["unsloth"])
 
 

@@ -18,7 +18,7 @@ from nbddp.fallback import zoo_files
 NAMES = ("check_python_modules", "create_locked_down_function", "execute_with_time_limit", "Benchmarker",
          "check_signal_escape_patterns", "validate_single_function_source", "load_single_function", "time_limit")
 MODULE = "unsloth_zoo.rl_environments"
-PINNED = "unsloth-zoo==2026.10.9"  # README.md's GPU install
+PINNED = "unsloth-zoo==2026.10.9"  # docs/guide.md's GPU install
 
 
 def load():
