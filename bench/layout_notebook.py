@@ -64,6 +64,7 @@ import time
 from pathlib import Path
 
 from nbddp.formats import metrics
+from nbddp.formats.run_settings import ENV
 
 REPO = Path(__file__).resolve().parent.parent
 NOTEBOOKS = REPO / ".gpu-site" / "notebooks"
@@ -362,9 +363,9 @@ def trial_env(part_dir, output_dir=None):
     if not tiny_mode():
         env["CUDA_VISIBLE_DEVICES"] = "0"
     if output_dir is not None:
-        env["NBDDP_OUTPUT_DIR"] = str(output_dir)
+        env[ENV.OUTPUT_DIR] = str(output_dir)
     if os.environ.get("LAYOUT_MAX_STEPS"):
-        env["NBDDP_MAX_STEPS"] = os.environ["LAYOUT_MAX_STEPS"]
+        env[ENV.MAX_STEPS] = os.environ["LAYOUT_MAX_STEPS"]
     env.update(SAFE_ENV)
     return env
 
@@ -648,7 +649,7 @@ def resume_check(facts, flags, timeout_s, work, out):
             extra += ["--resume", "true"]
         saved = Path(facts["dir"]) / (facts["adapter_dir"] or "no-adapter-saved")
         shutil.rmtree(saved, ignore_errors=True)
-        env = {**trial_env(facts["dir"], output_dir), "NBDDP_MAX_STEPS": str(RESUME_STEPS)}
+        env = {**trial_env(facts["dir"], output_dir), ENV.MAX_STEPS: str(RESUME_STEPS)}
         command = launch_command(facts["script"], ["--workdir", facts["dir"], *flags, *extra])
         left = timeout_s - (time.monotonic() - started)
         returncode, timed_out, wall = run_logged(command, facts["dir"], env, run_dir / "log.txt", max(left, 1))

@@ -10,9 +10,11 @@ import logging
 import os
 import sys
 
-LEVEL_ENV = "NBDDP_LOG_LEVEL"  # DEBUG, INFO (the default), WARNING or ERROR
+from nbddp.formats.run_settings import ENV
+
+LEVEL_ENV = ENV.LOG_LEVEL  # DEBUG, INFO (the default), WARNING or ERROR
 # Where a smoke run's kernel writes its training progress lines, which the parent echoes (papermill_stderr).
-PROGRESS_FILE_ENV = "NBDDP_PROGRESS_FILE"
+PROGRESS_FILE_ENV = ENV.PROGRESS_FILE
 DETAIL_PREFIX = "nbddp: details: "
 LEVELS = {"DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARNING": logging.WARNING, "ERROR": logging.ERROR}
 

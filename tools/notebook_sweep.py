@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV
 from tools import standin_datasets, standin_urls, standins
 from tools.categories import CATEGORIES, classify
 from tools.notebook_facts import PINNED, read_facts
@@ -131,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run N notebooks of each category, the same ones every time (default: 0, run none)")
     parser.add_argument("--run-all", action="store_true", help="run every notebook that compiles")
     parser.add_argument("--no-run", action="store_true", help="export and compile only, also with --only")
-    parser.add_argument("--steps", type=int, default=3, help="NBDDP_MAX_STEPS for each run (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=3, help=f"{ENV.MAX_STEPS} for each run (default: %(default)s)")
     parser.add_argument("--timeout", type=int, default=600, help="seconds each run may take (default: %(default)s)")
     parser.add_argument("--nproc-per-node", type=int, default=2, help="torchrun processes (default: %(default)s)")
     parser.add_argument("--jobs", type=int, default=1, metavar="N",
@@ -442,7 +443,7 @@ class Runner:
     def environment(self, facts) -> dict:
         """The run's variables: the hub offline, training capped, the URLs the notebook names answered locally."""
         environment = {**nbddp_environment(self.args), "HF_HUB_OFFLINE": "1", "HF_HOME": str(self.args.work / "hf-home"),
-                       "NBDDP_MAX_STEPS": str(self.args.steps), "NBDDP_TIMEOUT_S": str(self.args.timeout),
+                       ENV.MAX_STEPS: str(self.args.steps), ENV.TIMEOUT_S: str(self.args.timeout),
                        "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1"}
         urls = {url: self.urls[url] for url in facts.urls if url in self.urls}
         environment.update(standin_urls.environment(urls, environment["PYTHONPATH"]))
@@ -539,7 +540,7 @@ def _describe(args, python: str) -> dict:
             "run": (f"pipeline.py run --script (smoke, then torchrun) --nproc-per-node {args.nproc_per_node}, "
                     "--backend auto" if args.pipeline else
                     f"torchrun --nproc_per_node {args.nproc_per_node}, --backend "
-                    f"{args.backend or ('unsloth' if args.gpu else 'hf')}") + f", NBDDP_MAX_STEPS={args.steps}, "
+                    f"{args.backend or ('unsloth' if args.gpu else 'hf')}") + f", {ENV.MAX_STEPS}={args.steps}, "
                    f"timeout {args.timeout} s, HF_HUB_OFFLINE=1",
             "versions": ", ".join(f"{name} {version}" for name, version in versions.items())}
 

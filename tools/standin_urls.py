@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from nbddp.formats.run_settings import ENV
 from tools import standin_datasets
 
 HOOK = Path(__file__).resolve().parent / "standin_hook"  # holds the runs' sitecustomize.py
@@ -88,5 +89,5 @@ def environment(standins: dict[str, tuple[Path, str]], pythonpath: str | None) -
     """The variables that make a run answer `standins` (HOOK's sitecustomize.py): none when there are none."""
     if not standins:
         return {}
-    return {"NBDDP_SWEEP_URLS": json.dumps({url: [str(path), kind] for url, (path, kind) in standins.items()}),
+    return {ENV.SWEEP_URLS: json.dumps({url: [str(path), kind] for url, (path, kind) in standins.items()}),
             "PYTHONPATH": os.pathsep.join(filter(None, [str(HOOK), pythonpath]))}

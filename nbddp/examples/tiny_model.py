@@ -14,6 +14,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from nbddp.formats.run_settings import ENV
+
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 
@@ -29,7 +31,7 @@ def ensure_weights(model_name: str) -> str:
 
 def cache_root() -> Path:
     """Where built weights go: NBDDP_CACHE, else ~/.cache/nbddp/models."""
-    return Path(os.environ.get("NBDDP_CACHE") or Path.home() / ".cache" / "nbddp" / "models")
+    return Path(os.environ.get(ENV.CACHE) or Path.home() / ".cache" / "nbddp" / "models")
 
 
 def _content_hash(directory: Path) -> str:

@@ -7,7 +7,8 @@ from nbddp.errors import NotebookError
 from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import check_syntax
 from nbddp.formats.parameters import ParametersCellError, read_cell
-from nbddp.formats.script_parameters import NBDDP_PARAMETER_LINES, NBDDP_PARAMETERS
+from nbddp.formats.run_settings import script_parameter_lines
+from nbddp.formats.script_parameters import NBDDP_PARAMETERS
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
 RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag
@@ -99,8 +100,9 @@ def merge_parameters(cells: list[SourceCell], workdir: str = ".") -> MergedParam
         for number, text in kept:
             lines.append(text)
             origin.append([cell.location.notebook, cell.location.cell, number])
-    lines.extend(line.format(workdir=json.dumps(workdir)) for line in NBDDP_PARAMETER_LINES)
-    origin.extend([None] * len(NBDDP_PARAMETER_LINES))
+    nbddp_lines = script_parameter_lines(json.dumps(workdir))
+    lines.extend(nbddp_lines)
+    origin.extend([None] * len(nbddp_lines))
     return MergedParameters("\n".join(lines), origin)
 
 

@@ -15,6 +15,7 @@ from nbddp import log
 from nbddp.errors import NbddpError
 from nbddp.formats import metrics as metrics_format
 from nbddp.formats.metrics import METRICS_FILE
+from nbddp.formats.run_settings import ENV
 from nbddp.formats.sourcemap import SourceMap
 from nbddp.orchestration import devices, parameters, plots, stopping
 from nbddp.orchestration.launch import launch
@@ -89,7 +90,7 @@ def run(script=smoke_run.DEFAULT_SCRIPT, flags=(), params_file=None, options=lau
         raise LaunchFailed(status, logs)
     # the notebook's own saves: in the project around its folder (the cells' working directory)
     project = parameters.project_folder(user)
-    summary = summarise(run_dir, Path(os.environ.get("NBDDP_OUTPUT_DIR", output_dir)), logs, check,
+    summary = summarise(run_dir, Path(os.environ.get(ENV.OUTPUT_DIR, output_dir)), logs, check,
                         saved=saved_models(project, started, runs_root), wall_s=time.time() - times["began"],
                         times=times)
     print(summary, flush=True)

@@ -13,6 +13,7 @@ import os
 
 from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV
 from nbddp.runtime import smoke_sandbox
 from nbddp.runtime.inputs import training_overrides
 from nbddp.runtime.memory import batch_plan
@@ -29,23 +30,23 @@ class RunOverrides:
         """`max_steps` for training arguments: the notebook's `steps` (-1: train by epochs), or at most
         NBDDP_MAX_STEPS when that is set. `pipeline.py smoke` sets it to its few steps, so that a smoke run takes
         them rather than the notebook's whole training (its epochs; a `max_steps` that is no parameter)."""
-        text = os.environ.get("NBDDP_MAX_STEPS")
+        text = os.environ.get(ENV.MAX_STEPS)
         if not text:
             return steps
         if not text.strip().isdigit() or int(text) < 1:
-            raise UsageError(f"NBDDP_MAX_STEPS={text!r}: expected a whole number of steps, 1 or more")
+            raise UsageError(f"{ENV.MAX_STEPS}={text!r}: expected a whole number of steps, 1 or more")
         by_epochs = steps is None or steps < 1
         capped = int(text) if by_epochs else min(int(text), steps)
         if self.is_main_process and capped != steps:
             written = "its epochs" if by_epochs else f"{steps} steps"
-            log.warning(f"nbddp: NBDDP_MAX_STEPS={text.strip()}: training stops after {capped} steps (the notebook "
+            log.warning(f"nbddp: {ENV.MAX_STEPS}={text.strip()}: training stops after {capped} steps (the notebook "
                         f"says {written})")
         return capped
 
     def output_dir(self, path):
         """`output_dir` for training arguments: the notebook's `path`, or NBDDP_OUTPUT_DIR when that is set
         (`pipeline.py smoke` and `run` set it to their run folder for a script without an `output_dir` parameter)."""
-        return os.environ.get("NBDDP_OUTPUT_DIR") or path
+        return os.environ.get(ENV.OUTPUT_DIR) or path
 
     def training_args(self, config_class):
         """For a notebook's `SFTConfig(...)` (any TrainingArguments-family config), which export writes as
@@ -57,7 +58,7 @@ class RunOverrides:
         def build(*args, **kwargs):
             overrides = training_overrides.from_environment()
             kwargs, notes = training_overrides.apply(config_class, kwargs, overrides)
-            if "max_steps" in kwargs and os.environ.get("NBDDP_MAX_STEPS"):  # caps `--set max_steps=N` too
+            if "max_steps" in kwargs and os.environ.get(ENV.MAX_STEPS):  # caps `--set max_steps=N` too
                 kwargs["max_steps"] = self.max_steps(kwargs["max_steps"])
             command_line = _batch_keywords_from_command_line(kwargs, overrides)
             kwargs = smoke_sandbox.training_kwargs(config_class.__name__, kwargs)  # a smoke run pushes nothing
@@ -96,11 +97,11 @@ class RunOverrides:
     def _planned_processes(self) -> int:
         """The processes the batch is laid out for: this run's, or NBDDP_PLAN_PROCESSES on one process (the smoke
         run's layout check trains as the torchrun run will)."""
-        text = os.environ.get("NBDDP_PLAN_PROCESSES")
+        text = os.environ.get(ENV.PLAN_PROCESSES)
         if not text or self.world_size > 1:
             return self.world_size
         if not text.strip().isdigit() or int(text) < 1:
-            raise UsageError(f"NBDDP_PLAN_PROCESSES={text!r}: expected a whole number of processes, 1 or more")
+            raise UsageError(f"{ENV.PLAN_PROCESSES}={text!r}: expected a whole number of processes, 1 or more")
         return int(text)
 
     def metrics_callback(self):

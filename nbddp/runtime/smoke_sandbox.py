@@ -49,9 +49,10 @@ from pathlib import Path
 
 from nbddp.examples import tiny_model
 from nbddp.fallback import save as fallback_save
+from nbddp.formats.run_settings import ENV
 from nbddp.runtime import patches
 
-SMOKE_DIR_VARIABLE = "NBDDP_SMOKE_DIR"
+SMOKE_DIR_VARIABLE = ENV.SMOKE_DIR
 OUTSIDE_PROJECT = "abs"  # <smoke dir>/abs/<path from its root>: where a save outside the project goes
 PATCH = "smoke-sandbox"
 UPLOADS = ("upload_file", "upload_folder", "upload_large_folder")

@@ -10,8 +10,9 @@ what it means in Jupyter, and so do the values of flags that name files. The fol
 import os
 
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV
 
-PATH_VARIABLES = ("NBDDP_OUTPUT_DIR", "NBDDP_SMOKE_DIR")
+PATH_VARIABLES = (ENV.OUTPUT_DIR, ENV.SMOKE_DIR)
 
 
 def folder(workdir: str, script: str | None) -> str:

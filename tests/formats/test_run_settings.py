@@ -1,11 +1,15 @@
-"""The table of run settings (nbddp.formats.run_settings) is the only place a setting is written: every command
-takes the options the table gives it, the scripts' parameters are the table's, and docs/settings.md is what the table
-renders."""
+"""The table of run settings (nbddp.formats.run_settings) is the only place a setting or an NBDDP_ variable is
+written: the code names no variable the table lacks and spells none outside the table and its allowed readers,
+every command takes the options the table gives it, the scripts' parameters are the table's, and docs/settings.md is
+what the table renders."""
 import argparse
+import ast
 import dataclasses
 import inspect
+import io
 import json
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,70 @@ from nbddp.formats.script_parameters import NBDDP_PARAMETERS
 from nbddp.orchestration.launch.launch import LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ["nbddp", "pipeline.py", "bench", "tools"]
+VARIABLE = re.compile(r"NBDDP_[A-Z0-9_]*[A-Z0-9]")
+TABLE = "nbddp/formats/run_settings.py"
+# The files besides the table that may spell a variable in code, and why.
+READERS = {
+    # Python imports it at every interpreter's start in a sweep's run, before (and whether or not) nbddp imports.
+    "tools/standin_hook/sitecustomize.py",
+}
 VERBS = ("smoke", "run", "launch", "regress")
+
+
+def python_files():
+    for name in SCANNED:
+        path = ROOT / name
+        yield from [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
+
+
+def docstrings(tree) -> set:
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def spelled(path):
+    """(line, name, in code) for each NBDDP_ name in `path`'s strings and comments; `in code`: in a string that is
+    no docstring (a Python name such as NBDDP_NOTEBOOK, or one inside an f-string's braces, is no string)."""
+    source = path.read_text()
+    tree = ast.parse(source)
+    skip = docstrings(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            for name in VARIABLE.findall(node.value):
+                yield node.lineno, name, id(node) not in skip
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            for name in VARIABLE.findall(token.string):
+                yield token.start[0], name, False
+
+
+def test_every_variable_the_code_names_is_in_the_table():
+    known = {entry.env for entry in run_settings.SETTINGS if entry.env}
+    unknown = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in python_files()
+               for line, name, _ in spelled(path) if name not in known]
+    assert unknown == [], "add these variables to nbddp/formats/run_settings.py, or fix the name"
+
+
+def test_only_the_table_and_its_readers_spell_a_variable_in_code():
+    allowed = {TABLE, *READERS}
+    outside = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in python_files() for line, name, in_code in
+               spelled(path) if in_code and path.relative_to(ROOT).as_posix() not in allowed]
+    assert outside == [], "read the name from the table instead: run_settings.ENV.<NAME>"
+    assert len(allowed) <= 3
+
+
+def test_the_scan_sees_a_variable_in_code_and_not_a_python_name(tmp_path):
+    path = tmp_path / "example.py"
+    path.write_text('"""NBDDP_IN_DOCS."""\nNBDDP_NOTEBOOK = 1  # NBDDP_IN_COMMENT\n'
+                    'x = f"{NBDDP_NOTEBOOK} NBDDP_IN_CODE"\n')
+    assert sorted(spelled(path)) == [(1, "NBDDP_IN_DOCS", False), (2, "NBDDP_IN_COMMENT", False),
+                                     (3, "NBDDP_IN_CODE", True)]
 
 
 def test_env_names_each_variable_once():

@@ -17,11 +17,12 @@ from nbddp.export.rewrites.base import Rewrite
 from nbddp.export.rewrites.call_args import append_keyword, callee_name, code_of, has_double_star, keyword
 from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call, wrap_keyword
 from nbddp.export.rewrites.vocabulary import TRAINING_ARGUMENTS
+from nbddp.formats.run_settings import ENV
 
 # keyword (also the ddp method) -> what the report says overrides it
 OVERRIDDEN_BY = {
-    "max_steps": "NBDDP_MAX_STEPS caps it; smoke runs set 3",
-    "output_dir": "NBDDP_OUTPUT_DIR replaces it; pipeline.py smoke and run set it to their run folder",
+    "max_steps": f"{ENV.MAX_STEPS} caps it; smoke runs set 3",
+    "output_dir": f"{ENV.OUTPUT_DIR} replaces it; pipeline.py smoke and run set it to their run folder",
 }
 EPOCHS = cst.UnaryOperation(operator=cst.Minus(), expression=cst.Integer("1"))  # max_steps' default: train by epochs
 
@@ -29,7 +30,7 @@ EPOCHS = cst.UnaryOperation(operator=cst.Minus(), expression=cst.Integer("1"))  
 class RunOverrides(Rewrite):
     NAME = "run-overrides"
     DESCRIPTION = ("max_steps and output_dir in training arguments go through ddp.max_steps()/ddp.output_dir(), "
-                   "which NBDDP_MAX_STEPS/NBDDP_OUTPUT_DIR override.")
+                   f"which {ENV.MAX_STEPS}/{ENV.OUTPUT_DIR} override.")
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         name = callee_name(original_node)

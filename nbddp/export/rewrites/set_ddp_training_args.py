@@ -29,6 +29,7 @@ from nbddp.export.rewrites.call_args import (
 )
 from nbddp.export.rewrites.ddp_blocks import ddp_call, is_ddp_call, wrap_keyword
 from nbddp.export.rewrites.vocabulary import TRAINING_ARGUMENTS, TRL_CONFIGS, is_trainer_class
+from nbddp.formats.run_settings import ENV
 
 DDP_DEFAULTS = {"ddp_find_unused_parameters": "False", "average_tokens_across_devices": "True"}
 
@@ -59,7 +60,7 @@ class SetDdpTrainingArgs(Rewrite):
         timeout = keyword(original_node, "ddp_timeout")
         if timeout is not None:
             self.record(timeout, f"ddp_timeout={code_of(timeout.value)} has no effect under nbddp; "
-                                 "set NBDDP_TIMEOUT_S (seconds) instead")
+                                 f"set {ENV.TIMEOUT_S} (seconds) instead")
         missing = [name for name in DDP_DEFAULTS if keyword(original_node, name) is None]
         if not missing:
             return updated_node

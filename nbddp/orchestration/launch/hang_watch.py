@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV, setting
 from nbddp.runtime.reporting import heartbeat
 
-VARIABLE = "NBDDP_HANG_S"
-HANG_S = 300  # well above any pause of a live rank's heartbeat thread, far below the 1800 s collective timeout
+VARIABLE = ENV.HANG_S
+HANG_S = setting("hang_s").default  # well above any pause of a live rank's heartbeat thread, far below the 1800 s collective timeout
 POLL_S = 1.0
 
 
@@ -36,7 +37,7 @@ class Hung:
     def describe(self) -> str:
         state = "its process was stopped (SIGSTOP or Ctrl-Z)" if self.stopped else "its process was still running"
         return (f"rank {self.rank} (pid {self.pid}) stopped answering: no heartbeat for {self.silent_s:.0f} s, "
-                f"{state}; nbddp killed it rather than let the others wait in a collective for NBDDP_TIMEOUT_S "
+                f"{state}; nbddp killed it rather than let the others wait in a collective for {ENV.TIMEOUT_S} "
                 f"(set {VARIABLE} to wait longer than {self.limit_s:g} s, 0 to never)")
 
 

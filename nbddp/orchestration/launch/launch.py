@@ -17,13 +17,14 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV, setting
 from nbddp.orchestration import devices, environment, parameters, stopping
 from nbddp.orchestration.launch import failure_report, hang_watch, stderr_tail
 from nbddp.orchestration.project import files
 
 CPU_PROCESSES = 2  # `auto` without GPUs: the smallest world that still exercises DDP
-DEFAULT_TIMEOUT_S = 1800  # NBDDP_TIMEOUT_S: how long the runtime's collectives wait for a slow rank
-DEFAULT_RDZV_ID = "nbddp"
+DEFAULT_TIMEOUT_S = setting("timeout_s").default  # how long the runtime's collectives wait for a slow rank
+DEFAULT_RDZV_ID = setting("rdzv_id").default
 TORCHRUN_LOG = "torchrun.stderr.log"  # in the log folder: all of torchrun's stderr, which the console gets filtered
 
 
@@ -110,7 +111,7 @@ FIXED_ENV_DEFAULTS = {
     # A rank that dies makes the others fail fast instead of hanging in a collective.
     "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
     # The runtime's process-group timeout (NCCL and gloo), in seconds.
-    "NBDDP_TIMEOUT_S": str(DEFAULT_TIMEOUT_S),
+    ENV.TIMEOUT_S: str(DEFAULT_TIMEOUT_S),
     # Workers keep their own store rather than share the rendezvous one: in the shared store the keys of the
     # attempt before a --max-restarts restart survive, and the restarted gloo ranks connected to the dead
     # ranks' addresses ("Gloo connectFullMesh failed ... Connection refused"; pytorch#135712).
@@ -156,7 +157,7 @@ def _output_dir(plan, env):
     """The training output_dir: the script's `--output_dir` or default, else NBDDP_OUTPUT_DIR (a script without
     such a parameter); None when neither is known."""
     found = (failure_report.find_output_dir(plan.script, plan.script_args) if plan.script else None) \
-        or env.get("NBDDP_OUTPUT_DIR")
+        or env.get(ENV.OUTPUT_DIR)
     return Path(found) if found else None
 
 

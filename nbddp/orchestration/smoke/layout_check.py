@@ -22,14 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nbddp.formats import metrics
+from nbddp.formats.run_settings import ENV
 from nbddp.orchestration.metrics import read_metrics
 from nbddp.orchestration.parameters import BATCH_LAYOUT
 from nbddp.orchestration.smoke import smoke_run
 
 CPU_TOLERANCE = 1e-4
 GPU_TOLERANCE = 1e-3
-PLAN_PROCESSES = "NBDDP_PLAN_PROCESSES"
-LAYOUT_CHECK = "NBDDP_LAYOUT_CHECK"  # where the runtime puts the notebook layout's metrics (smoke_layout_check)
+PLAN_PROCESSES = ENV.PLAN_PROCESSES
+LAYOUT_CHECK = ENV.LAYOUT_CHECK  # where the runtime puts the notebook layout's metrics (smoke_layout_check)
 NOTEBOOK_LAYOUT_METRICS = "metrics-notebook-layout.jsonl"  # in the smoke run's folder
 
 

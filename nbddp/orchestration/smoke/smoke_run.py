@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nbddp import log
 from nbddp.formats.metrics import METRICS_FILE
+from nbddp.formats.run_settings import ENV
 from nbddp.orchestration import parameters
 from nbddp.orchestration.project import files
 from nbddp.orchestration.script_notebook import to_notebook
@@ -66,7 +67,7 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
         env[batch_plan.PER_PROCESS] = per_process
     in_env = "".join(f"; {name}={value!r}" if "\n" in value else f"; {name}={value}" for name, value in env.items())
     log.logger.info(f"smoke: {script} on {'GPU ' + visible if visible else 'CPU'}, parameters {injected}{in_env}")
-    if injected.get("max_steps") != steps and env.get("NBDDP_MAX_STEPS") == str(steps):
+    if injected.get("max_steps") != steps and env.get(ENV.MAX_STEPS) == str(steps):
         log.logger.info(f"smoke: training stops after {steps} steps, whatever max_steps "
                         f"({injected.get('max_steps', 'not a parameter')}) or the notebook's epochs say: a smoke run "
                         "is short; the training run takes them")
@@ -76,7 +77,7 @@ def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra
     before = project_changes.snapshot(project, run_dir)
     try:
         run = notebook_run.run_notebook(notebook, script, injected, run_dir, visible, timeout,
-                                        extra_env=env | {"NBDDP_SMOKE_DIR": str(run_dir.resolve())})
+                                        extra_env=env | {ENV.SMOKE_DIR: str(run_dir.resolve())})
     finally:
         _report_changes(project, before, run_dir)
     result = SmokeResult(run_dir, run.executed, run.html, injected, _collect_metrics(injected, run_dir))
@@ -106,16 +107,16 @@ def smoke_environment(defaults, run_dir, environ=os.environ, steps=SMOKE_DEFAULT
     applies to every training arguments the notebook builds, so the smoke run takes the smoke steps instead of the
     notebook's whole training (its epochs, a `max_steps` that is no parameter); for a script without an
     `output_dir` parameter, NBDDP_OUTPUT_DIR, which `ddp.output_dir` applies, so its checkpoints land here."""
-    env = {} if "NBDDP_MAX_STEPS" in environ else {"NBDDP_MAX_STEPS": str(steps)}
+    env = {} if ENV.MAX_STEPS in environ else {ENV.MAX_STEPS: str(steps)}
     return env | output_dir_environment(defaults, run_dir, environ)
 
 
 def output_dir_environment(defaults, output_dir, environ=os.environ):
     """NBDDP_OUTPUT_DIR=`output_dir` for a script without an `output_dir` parameter, unless the user set it: where
     `ddp.output_dir(...)` points its training arguments (the smoke run's and the training run's folder)."""
-    if "output_dir" in defaults or "NBDDP_OUTPUT_DIR" in environ:
+    if "output_dir" in defaults or ENV.OUTPUT_DIR in environ:
         return {}
-    return {"NBDDP_OUTPUT_DIR": str(output_dir)}
+    return {ENV.OUTPUT_DIR: str(output_dir)}
 
 
 def _report_changes(project, before, run_dir):

@@ -27,15 +27,15 @@ from nbddp.formats.parameters import (DTYPE, DTYPES, NBDDP_NOTEBOOK, SCRIPT_CELL
 from nbddp.runtime import working_directory
 from nbddp.runtime.inputs import preflight, training_overrides
 from nbddp.runtime.memory import batch_plan
+from nbddp.formats.run_settings import ENV, setting
 from nbddp.formats.script_parameters import WORKDIR
 
-# The one parameter nbddp adds to every generated script; its default lives in the script.
-BACKEND_CHOICES = ("auto", "unsloth", "hf")
+BACKEND_CHOICES = setting("backend").choices
 PARAMETERS_MARKER = SCRIPT_CELL_MARKER  # the parameters cell's first line, as jupytext writes it
 OUTPUT_DIR = "output_dir"
-OUTPUT_DIR_VARIABLE = "NBDDP_OUTPUT_DIR"
-TIMEOUT_VARIABLE = "NBDDP_TIMEOUT_S"
-DEFAULT_TIMEOUT_S = 1800
+OUTPUT_DIR_VARIABLE = ENV.OUTPUT_DIR
+TIMEOUT_VARIABLE = ENV.TIMEOUT_S
+DEFAULT_TIMEOUT_S = setting("timeout_s").default
 # argparse's dest for --set: not a Python name, so it can never be mistaken for (or collide with) a parameter.
 SET_DEST = "nbddp --set"
 

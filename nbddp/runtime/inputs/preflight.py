@@ -11,9 +11,10 @@ import tempfile
 from pathlib import Path
 
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import setting
 
-MIN_FREE_GIB_VARIABLE = "NBDDP_MIN_FREE_GIB"
-DEFAULT_MIN_FREE_GIB = 1.0
+MIN_FREE_GIB_VARIABLE = setting("min_free_gib").env
+DEFAULT_MIN_FREE_GIB = setting("min_free_gib").default
 
 
 def check_output_dir(output_dir, name="output_dir") -> None:

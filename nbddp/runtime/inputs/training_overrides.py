@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 from nbddp.errors import UsageError
+from nbddp.formats import run_settings
 
-ENV = "NBDDP_SET"
+ENV = run_settings.ENV.SET
 FLAG = "--set"
 
 # The TrainingArguments family, in the order a message names them; those not importable here are skipped

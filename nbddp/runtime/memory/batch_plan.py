@@ -28,10 +28,11 @@ import dataclasses
 import os
 
 from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV
 
 LAYOUTS = ("notebook", "per-device", "auto")
 BATCH_KEYWORDS = ("per_device_train_batch_size", "gradient_accumulation_steps")
-PER_PROCESS = "NBDDP_PER_PROCESS"  # the batch keywords the command line gave, as `NAME=VALUE` lines (module)
+PER_PROCESS = ENV.PER_PROCESS  # the batch keywords the command line gave, as `NAME=VALUE` lines (module)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ class BatchPlan:
             text += f" (the notebook: {notebook[0]} x {notebook[1]} x 1; --batch_layout {self.layout})"
         if self.running and self.running != self.processes:
             text += (f", run here by {self.running} as {self.micro_batch} x {self.accumulation_here} "
-                     f"(NBDDP_PLAN_PROCESSES={self.processes})")
+                     f"({ENV.PLAN_PROCESSES}={self.processes})")
         return text
 
     def _command_line_source(self) -> str:
@@ -157,7 +158,7 @@ def plan(micro_batch: int, accumulation: int, processes: int, layout, running: i
     layout = parse_layout(layout)
     command_line = tuple(name for name in BATCH_KEYWORDS if name in command_line)
     if running is not None and (running < 1 or processes % running):
-        raise UsageError(f"NBDDP_PLAN_PROCESSES={processes}: {running} running processes cannot take equal shares")
+        raise UsageError(f"{ENV.PLAN_PROCESSES}={processes}: {running} running processes cannot take equal shares")
     for name, value in (("per_device_train_batch_size", micro_batch), ("gradient_accumulation_steps", accumulation)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise UsageError(f"{name}={value!r}: nbddp lays out the batch from whole numbers from 1")

@@ -22,12 +22,12 @@ import torch
 import torch.distributed as dist
 
 from nbddp import log
-from nbddp.formats import metrics
+from nbddp.formats import metrics, run_settings
 from nbddp.runtime import patches
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.reporting.metrics import MetricsCallback
 
-ENV = "NBDDP_LAYOUT_CHECK"
+ENV = run_settings.ENV.LAYOUT_CHECK
 
 
 def patch_trainer(trainer_class) -> None:

@@ -10,7 +10,9 @@ import os
 import threading
 import time
 
-VARIABLE = "NBDDP_HEARTBEAT_DIR"
+from nbddp.formats.run_settings import ENV
+
+VARIABLE = ENV.HEARTBEAT_DIR
 BEAT_S = 5.0
 
 
