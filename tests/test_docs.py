@@ -59,6 +59,7 @@ DOTTED = re.compile(r"(?<![\w./-])(?:" + "|".join(ROOMS) + r")(?:\.[A-Za-z_]\w*)
 # `pipeline.py CMD`, or `nbddp CMD` where a command line starts (not the prose of a message: `nbddp does not ...`).
 COMMAND = re.compile(r"(?:\bpipeline\.py|(?:^|&&)\s*nbddp|%nbddp)\s+([a-z][\w-]*)([^`\n#&|;)]*)")
 SCRIPT_MODULE = re.compile(r"python3? -m (\w[\w.]*)")
+MAX_CELL = 350  # characters in a table cell
 
 
 def spans(page: str) -> tuple[list[str], str]:
@@ -217,3 +218,11 @@ def test_the_checks_find_what_does_not_exist(tmp_path, commands):
         "nbddp.runtime.context.DistributedContext.gone", "nbddp.runtime.heartbeat", "runtime.setup_all"]
     assert missing_commands(str(page), commands) == [("deploy", ""), ("python -m", "tools.gone"),
                                                      ("run", "--no-such-option")]
+
+
+@pytest.mark.parametrize("page", NAMED_IN)
+def test_table_cells_stay_readable(page):
+    # A cell of several hundred characters is a paragraph squeezed into a column: a short cell, and the rest below.
+    long = [(number, len(cell)) for number, line in enumerate((ROOT / page).read_text().splitlines(), 1)
+            if line.startswith("|") for cell in line.strip("|").split(" | ") if len(cell.strip()) > MAX_CELL]
+    assert long == []
