@@ -106,7 +106,7 @@ most pins runs it (on a tie, the first given), ahead of --notebooks-python and -
 stack whose interpreter has other versions than its pins; the tables name each notebook's stack by its pins and
 the summary's environment gives each stack's versions ("stack PINS").
 
---gpu, on a CUDA host with Unsloth installed (README.md, "GPU install"): the same flow with the scripts'
+--gpu, on a CUDA host with Unsloth installed (docs/guide.md, "GPU install"): the same flow with the scripts'
 --backend unsloth (or --backend auto) on --nproc-per-node 1 or 2 GPUs, the GPUs left visible. Not run on the
 machine that wrote this tool, which has none."""
 
@@ -169,7 +169,7 @@ def interpreter(value: str) -> str:
     found = shutil.which(value)
     if found is None:
         raise argparse.ArgumentTypeError(f"{value}: no such interpreter; give the python of a virtual environment, "
-                                         "e.g. .venv-nb/bin/python (README.md, \"Tests\")")
+                                         "e.g. .venv-nb/bin/python (README.md, \"Run the tests\")")
     return os.path.abspath(found)
 
 
