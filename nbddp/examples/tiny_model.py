@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from nbddp.formats.run_settings import ENV
+from nbddp.formats.run_settings import ENV, setting
 
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
@@ -30,8 +30,8 @@ def ensure_weights(model_name: str) -> str:
 
 
 def cache_root() -> Path:
-    """Where built weights go: NBDDP_CACHE, else ~/.cache/nbddp/models."""
-    return Path(os.environ.get(ENV.CACHE) or Path.home() / ".cache" / "nbddp" / "models")
+    """Where built weights go: NBDDP_CACHE, else ~/.cache/nbddp/models (the table's default)."""
+    return Path(os.environ.get(ENV.CACHE) or Path(setting("cache").default).expanduser())
 
 
 def _content_hash(directory: Path) -> str:
