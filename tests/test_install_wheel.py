@@ -67,6 +67,15 @@ def test_the_wheel_declares_the_tested_ranges(wheel):
 
 
 @pytest.mark.e2e
+def test_the_wheel_ships_the_training_arguments_schemas(wheel):
+    # A first `--set` check on a pinned stack reads them, instead of a child process importing transformers.
+    folder = "nbddp/runtime/inputs/schemas/"
+    shipped = sorted(folder + path.name for path in (REPO / folder).glob("*.json"))
+    with zipfile.ZipFile(wheel) as archive:
+        assert shipped and sorted(name for name in archive.namelist() if name.startswith(folder)) == shipped
+
+
+@pytest.mark.e2e
 def test_the_installed_command_makes_exports_and_runs_a_project_outside_the_repository(installed, tmp_path):
     where = run([str(installed / "python"), "-c", "import nbddp; print(nbddp.__file__)"], cwd=tmp_path)
     assert Path(where.strip()).is_relative_to(installed.parent) and not Path(where.strip()).is_relative_to(REPO)

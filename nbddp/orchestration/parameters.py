@@ -246,7 +246,7 @@ def checked_strategy(text):
 def check_overrides(groups, environ=None):
     """Check each group `(where, lines)` of `NAME=VALUE` lines (`--set`, a regression case's `set:`), and the lines
     the environment's NBDDP_SET already holds, as the runtime will type them; UsageError naming `where` and the
-    line. The names, types and ranges are checked here from the training arguments' cached schema
+    line. The names, types and ranges are checked here from the training arguments' cached or shipped schema
     (training_overrides.cached_schema), else in one child process that sees no GPU and writes that schema: on a GPU
     host, importing transformers' TrainingArguments initialises CUDA (seen on an H200), which the parent must never
     do, and it takes seconds."""

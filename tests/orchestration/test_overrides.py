@@ -3,6 +3,7 @@ then handed to the children (papermill's kernel, torchrun's workers) as NBDDP_SE
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,8 @@ from nbddp.orchestration.run import run
 from nbddp.orchestration.smoke import notebook_run
 from nbddp.orchestration.smoke.smoke import smoke
 from nbddp.runtime.inputs.training_overrides import ENV
+
+REPO = Path(__file__).resolve().parents[2]
 
 # Shaped like a script exported by an nbddp that has the batch_layout parameter; it records what it was given.
 SCRIPT = textwrap.dedent("""\
@@ -317,11 +320,12 @@ def test_the_scripts_own_set_joins_the_environments_under_torchrun(script):
 
 
 def test_the_parent_checks_without_importing_transformers(tmp_path):
-    # On a GPU host importing transformers' TrainingArguments initialises CUDA (seen on an H200): the first check runs
-    # in a child that sees no GPU and writes the training arguments' schema into the cache; the parent imports
-    # neither torch's CUDA nor transformers for it. The next check reads that schema: the same message, in well under
-    # a second. (The other tests check in this process: see conftest.py.)
+    # On a GPU host importing transformers' TrainingArguments initialises CUDA (seen on an H200): on a stack the
+    # package ships no schema for, the first check runs in a child that sees no GPU and writes the training arguments'
+    # schema into the cache; the parent imports neither torch's CUDA nor transformers for it. The next check reads
+    # that schema: the same message, in well under a second. (The other tests check in this process: see conftest.py.)
     code = ("import sys, time; from nbddp.orchestration import parameters\n"
+            f"import pathlib; parameters.training_overrides.SHIPPED = pathlib.Path({str(tmp_path / 'shipped')!r})\n"
             "started = time.perf_counter()\n"
             "try:\n"
             "    parameters.check_overrides([('--set', ['learning_rate=1e-4', 'bf16=true']), ('--set', ['seed=-1'])],\n"
@@ -341,8 +345,32 @@ def test_the_parent_checks_without_importing_transformers(tmp_path):
     assert float(runs[1].stdout.split()[-1]) < 0.5  # from the schema; the first, a child importing transformers
 
 
+def test_a_pinned_stacks_first_check_reads_the_shipped_schema(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # nothing cached yet
+    monkeypatch.setattr(parameters.subprocess, "run", lambda *args, **kwargs: pytest.fail("a child was started"))
+    with pytest.raises(UsageError, match=r"^--set learnin_rate=1e-4: no training argument named learnin_rate \(did "
+                                         r"you mean learning_rate\?\)$"):
+        parameters.check_overrides([("--set", ["learning_rate=1e-4", "learnin_rate=1e-4"])], environ={})
+
+
+def test_a_set_typo_on_a_new_machine_is_refused_within_3_s(tmp_path):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = subprocess.run([sys.executable, "pipeline.py", "run", "--set", "learnin_rate=1e-4"], cwd=REPO,
+                            env={**os.environ, "XDG_CACHE_HOME": str(tmp_path)}, capture_output=True, text=True,
+                            timeout=60)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds (its children's too), not wall time, which the suite's parallel workers stretch; a child importing
+    # transformers for the check takes 6 s of them
+    assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime < 3
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == ("error: --set learnin_rate=1e-4: no training argument named learnin_rate (did you mean "
+                             "learning_rate?)\n")
+    assert not list(tmp_path.rglob("*"))  # no child wrote a schema into the cache
+
+
 def test_a_check_that_cannot_run_says_why(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no schema cached: the child runs
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no schema cached or shipped: the child runs
+    monkeypatch.setattr(parameters.training_overrides, "SHIPPED", tmp_path / "shipped")
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="Traceback ...\nImportError: no module named trl\n")
     monkeypatch.setattr(parameters.subprocess, "run", lambda *args, **kwargs: failed)
     with pytest.raises(NbddpError, match=r"^checking the --set overrides failed \(exit status 1\): ImportError: no "

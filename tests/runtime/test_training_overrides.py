@@ -1,9 +1,11 @@
 """`--set NAME=VALUE`: overrides of the training arguments, typed as Transformers' HfArgumentParser types them."""
 import dataclasses
+import importlib.metadata
 import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from transformers import TrainingArguments
@@ -169,6 +171,7 @@ def same(got, expected):
 
 def test_the_schema_is_cached_per_interpreter_and_versions(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(training_overrides, "SHIPPED", tmp_path / "shipped")  # versions the package ships none for
     assert training_overrides.cached_schema() is None
     path = training_overrides.schema_path()
     assert path.parent == tmp_path / "nbddp" / "training-arguments"
@@ -182,9 +185,53 @@ def test_the_schema_is_cached_per_interpreter_and_versions(tmp_path, monkeypatch
 @pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", json.dumps({"TrainingArguments": {"seed": 3}})])
 def test_a_damaged_cache_is_no_schema(tmp_path, monkeypatch, text):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(training_overrides, "SHIPPED", tmp_path / "shipped")
     training_overrides.schema_path().parent.mkdir(parents=True)
     training_overrides.schema_path().write_text(text)
     assert training_overrides.cached_schema() is None
+
+
+def test_the_shipped_schema_is_the_one_built_here():
+    # tools/write_shipped_schema.py wrote it from this code; CI runs this on both pinned stacks. Byte for byte: the
+    # order of the classes is the order a message names them in.
+    if installed_versions() not in [pinned_versions(requirements) for requirements in REQUIREMENTS]:
+        pytest.skip(f"{installed_versions()} is neither stack {' nor '.join(REQUIREMENTS)} pins")
+    path, fix = training_overrides.shipped_schema_path(), f"run {sys.executable} tools/write_shipped_schema.py"
+    assert path.is_file(), f"nbddp ships no schema for this stack: {fix}"
+    assert path.read_text(encoding="utf-8") == training_overrides.schema_text(training_overrides.live_schema()), \
+        f"{path.name} is not what this stack builds: {fix}"
+
+
+def test_the_package_ships_a_schema_for_each_pinned_stack_and_no_other():
+    # A file's name is its stack_key: python-3.x_transformers-X_trl-Y_..._schema-N.json (Python: where it was built).
+    shipped = {path.name.split("_", 1)[1] for path in training_overrides.SHIPPED.glob("*.json")}
+    pinned = {"_".join([*(f"{package}-{version}" for package, version in pinned_versions(requirements).items()),
+                        f"schema-{training_overrides.SCHEMA_VERSION}.json"]) for requirements in REQUIREMENTS}
+    assert shipped == pinned
+
+
+def test_with_an_empty_cache_the_shipped_schema_is_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(training_overrides, "SHIPPED", tmp_path / "shipped")
+    training_overrides.write_schema({"TrainingArguments": {"seed": training_overrides.Field("int", "int")}},
+                                    training_overrides.shipped_schema_path())
+    assert training_overrides.cached_schema() == {"TrainingArguments": {"seed": ("int", "int", (), None)}}
+    training_overrides.write_schema({"SFTConfig": {}}, training_overrides.schema_path())
+    assert training_overrides.cached_schema() == {"SFTConfig": {}}  # the user's cache first
+
+
+REQUIREMENTS = ("requirements.txt", "requirements-notebooks.txt")
+
+
+def pinned_versions(requirements):
+    """{package: version} of SCHEMA_PACKAGES, as `requirements` (a file of the repository) pins them."""
+    lines = (Path(__file__).resolve().parents[2] / requirements).read_text(encoding="utf-8").splitlines()
+    pins = dict(line.split("#")[0].strip().split("==") for line in lines if "==" in line.split("#")[0])
+    return {package: pins[package] for package in training_overrides.SCHEMA_PACKAGES}
+
+
+def installed_versions():
+    return {package: importlib.metadata.version(package) for package in training_overrides.SCHEMA_PACKAGES}
 
 
 def test_a_cache_that_cannot_be_written_is_left_alone(tmp_path):

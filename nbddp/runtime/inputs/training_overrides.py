@@ -18,8 +18,9 @@ imported only inside the functions: the script's flags are read before setup imp
 before them.
 
 `pipeline.py` checks without importing transformers (on a GPU host that initialises CUDA, and it takes seconds): from
-the fields' `Schema`, which the first check (a child process) writes into the user's cache, one file per
-interpreter and Transformers and TRL versions, and later checks read (`cached_schema`).
+the fields' `Schema` (`cached_schema`): the one the package ships for the stacks requirements*.txt pin (schemas/,
+written by tools/write_shipped_schema.py), else the one the first check (a child process) writes into the user's
+cache, one file per interpreter and versions of SCHEMA_PACKAGES.
 """
 import difflib
 import functools
@@ -59,6 +60,10 @@ CONFIG_CLASSES = (
 
 
 SCHEMA_VERSION = 1  # of the cached file's content: a change here makes a new file
+# What the schema is made of: transformers and trl declare the fields, transformers' HfArgumentParser types them, and
+# importing trl imports accelerate (and peft, in TRL 1.x); Python's typing reads the annotations.
+SCHEMA_PACKAGES = ("transformers", "trl", "peft", "accelerate")
+SHIPPED = Path(__file__).with_name("schemas")  # pyproject.toml's package-data puts it in the wheel
 BOOL_WORDS = {"yes": True, "true": True, "t": True, "y": True, "1": True,  # Transformers' string_to_bool, any case
               "no": False, "false": False, "f": False, "n": False, "0": False}
 SEED_LIMIT = 2 ** 32  # set_seed (numpy) takes seeds below it
@@ -382,30 +387,53 @@ def _describe(field: Field) -> str:
     return f"a list of values separated by spaces, each {kind}" if field.nargs == "+" else kind
 
 
-def schema_path(environ=os.environ) -> Path:
-    """The cached Schema for this interpreter and its Transformers and TRL versions: under XDG_CACHE_HOME (else
-    ~/.cache)/nbddp/training-arguments/. Reads package metadata only, imports nothing."""
-    versions = []
-    for package in ("transformers", "trl"):
+def stack_key() -> str:
+    """`python-3.11_transformers-5.17.0_trl-1.14.2_..._schema-1`: the versions of Python and SCHEMA_PACKAGES installed
+    here (`none` for one that is not) and SCHEMA_VERSION. Reads package metadata only, imports nothing."""
+    versions = [f"python-{sys.version_info.major}.{sys.version_info.minor}"]
+    for package in SCHEMA_PACKAGES:
         try:
-            versions.append(f"{package} {importlib.metadata.version(package)}")
+            versions.append(f"{package}-{importlib.metadata.version(package)}")
         except importlib.metadata.PackageNotFoundError:
-            versions.append(f"{package} none")
-    key = "|".join([os.path.realpath(sys.executable), *versions, f"schema {SCHEMA_VERSION}"])
+            versions.append(f"{package}-none")
+    return "_".join([*versions, f"schema-{SCHEMA_VERSION}"])
+
+
+def schema_path(environ=os.environ) -> Path:
+    """The cached Schema for this interpreter and its `stack_key`: under XDG_CACHE_HOME (else
+    ~/.cache)/nbddp/training-arguments/. Reads package metadata only, imports nothing."""
+    key = f"{os.path.realpath(sys.executable)}|{stack_key()}"
     root = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "nbddp" / "training-arguments" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
+def shipped_schema_path() -> Path:
+    """The Schema the package ships for this `stack_key` (SHIPPED/<key>.json); it exists for the stacks
+    requirements.txt and requirements-notebooks.txt pin."""
+    return SHIPPED / f"{stack_key()}.json"
+
+
 def cached_schema(environ=os.environ) -> Schema | None:
-    """The Schema `write_schema` left for this interpreter and versions; None when there is none (or it cannot be
-    read: the next check in a child process writes it again)."""
-    try:
-        stored = json.loads(schema_path(environ).read_text(encoding="utf-8"))
-        return {owner: {name: Field(kind, type_name, tuple(choices), nargs)
-                         for name, (kind, type_name, choices, nargs) in owned.items()}
-                for owner, owned in stored.items()}
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
+    """The Schema `write_schema` left for this interpreter and versions, else the one shipped for these versions;
+    None when there is neither (or it cannot be read: the next check in a child process writes it again)."""
+    for path in (schema_path(environ), shipped_schema_path()):
+        try:
+            stored = json.loads(path.read_text(encoding="utf-8"))
+            return {owner: {name: Field(kind, type_name, tuple(choices), nargs)
+                             for name, (kind, type_name, choices, nargs) in owned.items()}
+                    for owner, owned in stored.items()}
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return None
+
+
+def schema_text(schema: Schema) -> str:
+    """`schema` as the JSON `cached_schema` reads, one line per field (a shipped file's diff shows the fields that
+    changed), the classes and fields in their order: a message names the first class that has a field."""
+    classes = [f"{json.dumps(owner)}: {{\n" + ",\n".join(f"  {json.dumps(name)}: {json.dumps(list(field))}"
+                                                      for name, field in owned.items()) + "\n}"
+               for owner, owned in schema.items()]
+    return "{\n" + ",\n".join(classes) + "\n}\n"
 
 
 def write_schema(schema: Schema, path: Path) -> None:
@@ -414,8 +442,7 @@ def write_schema(schema: Schema, path: Path) -> None:
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        temp.write_text(json.dumps({owner: {name: list(field) for name, field in owned.items()}
-                                    for owner, owned in schema.items()}), encoding="utf-8")
+        temp.write_text(schema_text(schema), encoding="utf-8")
         os.replace(temp, path)
     except OSError:
         if temp.is_file():
