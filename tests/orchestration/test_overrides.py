@@ -323,7 +323,7 @@ def test_the_parent_checks_without_importing_transformers(tmp_path):
     # On a GPU host importing transformers' TrainingArguments initialises CUDA (seen on an H200): on a stack the
     # package ships no schema for, the first check runs in a child that sees no GPU and writes the training arguments'
     # schema into the cache; the parent imports neither torch's CUDA nor transformers for it. The next check reads
-    # that schema: the same message, in well under a second. (The other tests check in this process: see conftest.py.)
+    # that schema: the same message, in well under a second.
     code = ("import sys, time; from nbddp.orchestration import parameters\n"
             f"import pathlib; parameters.training_overrides.SHIPPED = pathlib.Path({str(tmp_path / 'shipped')!r})\n"
             "started = time.perf_counter()\n"
