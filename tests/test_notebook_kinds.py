@@ -71,11 +71,14 @@ def run(script, facts, run_dir, nproc, work):
     return result, saves
 
 
-def losses(run_dir) -> list[float]:
-    """The training loss of each step, from the metrics.jsonl nbddp's callback wrote into the trainer's output_dir."""
-    (metrics,) = run_dir.rglob("metrics.jsonl")
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return [record["loss"] for record in records if "event" not in record and "loss" in record]
+def losses(run_dir) -> list[list[float]]:
+    """Each trainer's training loss of each step, from the metrics.jsonl nbddp's callback wrote next to its
+    checkpoints (a second trainer of the script into `<output_dir>/trainer-2/`), the first trainer's first."""
+    found = []
+    for metrics in sorted(run_dir.rglob("metrics.jsonl")):
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        found.append([record["loss"] for record in records if "event" not in record and "loss" in record])
+    return found
 
 
 @pytest.mark.parametrize("kind", kinds())
@@ -91,6 +94,9 @@ def test_a_kind_of_notebook_trains_on_two_processes_as_on_one(kind, work):
     # the notebook's own saves once each (the CPT notebook's two trainings each checkpoint into outputs/)
     adapters = [save for save in saves if "checkpoint-" not in save]
     assert len(adapters) == len(set(adapters)), saves
-    assert len(losses(work / kind / "one")) == len(losses(work / kind / "two")) == STEPS
+    trainers_one, trainers_two = losses(work / kind / "one"), losses(work / kind / "two")
+    assert len(trainers_one) == len(trainers_two) >= 1  # the CPT notebook trains twice
+    assert all(len(steps) == STEPS for steps in trainers_one + trainers_two)
     if kind in DETERMINISTIC:
-        assert losses(work / kind / "two") == pytest.approx(losses(work / kind / "one"), abs=1e-4)
+        for one_steps, two_steps in zip(trainers_one, trainers_two):
+            assert two_steps == pytest.approx(one_steps, abs=1e-4)
