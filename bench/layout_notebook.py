@@ -63,6 +63,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import stats
 from nbddp.formats import metrics
 from nbddp.formats.run_settings import ENV
 
@@ -273,10 +274,9 @@ def heavy_tail_lengths(count, low, seed):
 
 
 def quantiles(values):
-    ordered = sorted(values)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"p10": pick(0.1), "p50": pick(0.5), "p90": pick(0.9), "max": ordered[-1], "min": ordered[0],
-            "mean": sum(ordered) / len(ordered)}
+    """p10/p50/p90 (bench.stats.quantile), min, max and mean of the row lengths."""
+    return {"p10": stats.quantile(values, 0.1), "p50": stats.quantile(values, 0.5), "p90": stats.quantile(values, 0.9),
+            "max": max(values), "min": min(values), "mean": sum(values) / len(values)}
 
 
 def _words(tokenizer):
