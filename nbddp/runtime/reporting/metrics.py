@@ -22,6 +22,7 @@ reporting ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show t
 scalars, and `TrainingProgress` (nbddp.runtime.reporting.progress) shows tokens/s. The Trainer's `log_history` does
 not get them.
 """
+import functools
 import resource
 import time
 from pathlib import Path
@@ -138,7 +139,13 @@ def _flops_basis(model, device):
         return None
     peft = getattr(model, "peft_config", None) or {}
     lora_r = next((c.r for c in peft.values() if isinstance(getattr(c, "r", None), int)), 0)
-    return config, lora_r, utilization.measure_matmul_peak(device)
+    return config, lora_r, _matmul_peak(device)
+
+
+@functools.cache
+def _matmul_peak(device) -> dict:
+    """This GPU's measured matmul rate, once a process: a script's later trainers reuse it."""
+    return utilization.measure_matmul_peak(device)
 
 
 def _global_batch(args) -> int:
