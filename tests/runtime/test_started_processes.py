@@ -111,11 +111,12 @@ WORKER = textwrap.dedent("""\
             time.sleep(0.1)
     else:
         raise RuntimeError(f"rank {ddp.rank}: no answer on port {port}")
-    print(f"rank {ddp.rank} has {type(server).__name__} {server.pid} {server.poll()}", flush=True)
+    seen = open(f"{log}.rank{ddp.rank}", "w")  # each rank's own file: no two ranks' lines to interleave
+    print(f"rank {ddp.rank} has {type(server).__name__} {server.pid} {server.poll()}", file=seen, flush=True)
     ddp.barrier()
     server.terminate()
     try:
-        print(f"rank {ddp.rank} saw it exit with {server.wait(timeout=30)}", flush=True)
+        print(f"rank {ddp.rank} saw it exit with {server.wait(timeout=30)}", file=seen, flush=True)
     except subprocess.TimeoutExpired:
         server.kill()
         raise
@@ -137,7 +138,8 @@ def test_two_gloo_processes_start_the_server_once_and_both_reach_it(tmp_path):
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 0, result.stderr
     assert log.read_text() == "started\n"
-    has = re.findall(r"rank (\d) has (\w+) (\d+) (\w+)", result.stdout)  # the ranks' lines, in either order
-    assert sorted(kind for _, kind, _, _ in has) == ["Popen", "ProcessOfAnotherRank"]
+    seen = "".join((tmp_path / f"log.rank{rank}").read_text() for rank in (0, 1))
+    has = re.findall(r"rank (\d) has (\w+) (\d+) (-?\w+)", seen)
+    assert sorted(kind for _, kind, _, _ in has) == ["Popen", "ProcessOfAnotherRank"], (seen, result.stdout)
     assert len({pid for _, _, pid, _ in has}) == 1 and [running for *_, running in has] == ["None", "None"]
-    assert sorted(re.findall(r"rank (\d) saw it exit with (-?\d+)", result.stdout)) == [("0", "-15"), ("1", "-15")]
+    assert sorted(re.findall(r"rank (\d) saw it exit with (-?\d+)", seen)) == [("0", "-15"), ("1", "-15")]
