@@ -152,7 +152,7 @@ def add_settings(command, verb, skip=()) -> None:
 
 
 def add_log_options(command) -> None:
-    """-q/-v: the level of nbddp's own messages, here and in the processes it starts (NBDDP_LOG_LEVEL)."""
+    """-q/-v: the level of nbddp's own messages, here and in the processes it starts (the run setting `log_level`)."""
     levels = command.add_mutually_exclusive_group()
     levels.add_argument("-q", "--quiet", dest="log_level", action="store_const", const=logging.WARNING,
                         help="warnings, errors and the result only: no progress or info lines (run: the "

@@ -4,7 +4,7 @@ A message is the whole line ("smoke: ...", "launch: ...", the runtime's "nbddp: 
 stdout, warnings and errors to stderr, whichever streams are current when it is written (pytest's capture, a
 Jupyter kernel's). A `detail` line is for the run's logs: it goes to stderr, starting DETAIL_PREFIX, and
 `pipeline.py`'s console leaves it out (orchestration.console_noise) unless -v, which prints it as a debug line. `pipeline.py -q` sets the level to WARNING, `-v` to DEBUG; the smoke run's kernel and torchrun's
-workers get it as NBDDP_LOG_LEVEL (`environment`), which this module reads when it is imported.
+workers get it as the run setting `log_level` (`environment`), which this module reads when it is imported.
 """
 import logging
 import os
@@ -66,8 +66,8 @@ def quiet() -> bool:
 
 
 def environment() -> dict:
-    """For a child process: NBDDP_LOG_LEVEL, this process's level; when quiet, no Hugging Face progress bars either
-    (Transformers' "Loading weights", datasets' "Map")."""
+    """For a child process: the run setting `log_level`, this process's level; when quiet, no Hugging Face progress bars
+    either (Transformers' "Loading weights", datasets' "Map")."""
     quiet_bars = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"} if quiet() else {}
     return {LEVEL_ENV: logging.getLevelName(logger.getEffectiveLevel())} | quiet_bars
 

@@ -30,7 +30,7 @@ def ensure_weights(model_name: str) -> str:
 
 
 def cache_root() -> Path:
-    """Where built weights go: NBDDP_CACHE, else ~/.cache/nbddp/models (the table's default)."""
+    """Where built weights go: the run setting `cache`, else its default in the table (~/.cache/nbddp/models)."""
     return Path(os.environ.get(ENV.CACHE) or Path(setting("cache").default).expanduser())
 
 

@@ -8,10 +8,10 @@ from nbddp.export.notebooks import SourceCell
 from nbddp.export.syntax import check_syntax
 from nbddp.formats.parameters import ParametersCellError, read_cell
 from nbddp.formats.run_settings import script_parameter_lines
-from nbddp.formats.script_parameters import NBDDP_PARAMETERS
+from nbddp.formats.script_parameters import OWN_PARAMETERS
 
 # Names the generated script binds itself; a parameter with one of them would be overwritten or break it.
-RESERVED_NAMES = (*NBDDP_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag
+RESERVED_NAMES = (*OWN_PARAMETERS, "ddp", "runtime", "set")  # set: the --set flag
 
 
 @dataclass(frozen=True)

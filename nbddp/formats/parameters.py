@@ -24,9 +24,9 @@ import re
 import tokenize
 from dataclasses import dataclass
 
-NBDDP_NOTEBOOK = "nbddp"  # the notebook line above nbddp's own parameters (backend, resume, ...)
+OWN_NOTEBOOK = "nbddp"  # the notebook line above nbddp's own parameters (backend, resume, ...)
 SCRIPT_CELL_MARKER = '# %% tags=["parameters"]'  # a generated script's parameters cell starts so (jupytext)
-NOTEBOOK_LINE = re.compile(rf"# (\d\d_.*\.ipynb|{NBDDP_NOTEBOOK})")  # a stage is NN_name.ipynb
+NOTEBOOK_LINE = re.compile(rf"# (\d\d_.*\.ipynb|{OWN_NOTEBOOK})")  # a stage is NN_name.ipynb
 DTYPE = "dtype"  # Unsloth's parameter for the model's weights: None (auto detection) or a dtype name
 DTYPES = ("float16", "bfloat16", "float32")  # the names Unsloth's FastLanguageModel takes (and the hf backend)
 MAX_STEPS = "max_steps"  # the Trainer's: optimizer steps from 1, or -1 to train for num_train_epochs

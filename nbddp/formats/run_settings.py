@@ -6,8 +6,8 @@ of the commands (`--strategy`, `--set`, `--device`, ...), or a variable in a chi
 NBDDP_ variable that carries it (if any) and what it does. From it come the lines export appends to a script's
 parameters cell (`script_parameters`), the options of `smoke`, `run`, `launch` and `regress` (nbddp.cli), the names
 the runtime and orchestration read and set (`ENV.MAX_STEPS`, `setting("timeout_s").default`) and the table in
-docs/settings.md (`markdown`). No other module of nbddp spells an NBDDP_ name in its code; docstrings and comments
-name only the table's (tests/formats/test_run_settings.py).
+docs/settings.md (`markdown`). No other file of nbddp spells an NBDDP_ name, in code, docstrings or comments: they
+say "the run setting `max_steps`", or the option a user types (tests/formats/test_run_settings.py).
 Standard library only: every room reads it.
 """
 from dataclasses import dataclass

@@ -13,4 +13,4 @@ WORKDIR = "workdir"  # where the cells run, from the script's folder (runtime.wo
 STRATEGY = "strategy"  # ddp | fsdp | auto: a whole model per GPU, or sharded (runtime.trainer.fsdp, auto_strategy)
 STRATEGIES = setting(STRATEGY).choices  # auto: ddp when the memory estimate fits one GPU, else fsdp
 
-NBDDP_PARAMETERS = {entry.name: "nbddp" for entry in script_parameters()}  # name -> "defined in"
+OWN_PARAMETERS = {entry.name: "nbddp" for entry in script_parameters()}  # name -> "defined in"

@@ -4,7 +4,7 @@ and the training-argument overrides of `--set NAME=VALUE`, for the processes we 
 `-p` values are typed by the rule the script's own `--name VALUE` flags use (nbddp.formats.parameters.typed):
 the default's type decides, so `-p max_steps 3` is the int 3 and `-p lr 2e-4` the float 0.0002. `--set` lines
 are checked before any work as the runtime will type them (training_overrides, in a child process that sees no
-GPU), and reach the children as the NBDDP_SET environment variable.
+GPU), and reach the children as the run setting `set` (an environment variable).
 """
 
 import difflib
@@ -20,7 +20,7 @@ import yaml
 from nbddp.errors import NbddpError, NotebookError, UsageError
 from nbddp.formats.parameters import ParametersCellError, checked, read_cell, read_script, typed
 from nbddp.formats.script_parameters import (  # nbddp's own, in every script
-    BATCH_LAYOUT, NBDDP_PARAMETERS, STRATEGIES, STRATEGY, WORKDIR)
+    BATCH_LAYOUT, OWN_PARAMETERS, STRATEGIES, STRATEGY, WORKDIR)
 from nbddp.orchestration import environment
 from nbddp.runtime import working_directory
 from nbddp.runtime.inputs import training_overrides
@@ -140,7 +140,7 @@ def resolve(defaults, file_values=None, flag_values=(), file_label="-f"):
 def _check_known(name, defaults, where):
     if name in defaults:
         return
-    if not defaults.keys() - NBDDP_PARAMETERS:
+    if not defaults.keys() - OWN_PARAMETERS:
         raise UsageError(f"{where}: unknown parameter `{name}`: the notebooks define no parameters "
                          "(tag a cell `parameters` to make its assignments parameters)")
     close = difflib.get_close_matches(name, defaults, n=1)
@@ -245,7 +245,7 @@ def checked_strategy(text):
 
 def check_overrides(groups, environ=None):
     """Check each group `(where, lines)` of `NAME=VALUE` lines (`--set`, a regression case's `set:`), and the lines
-    the environment's NBDDP_SET already holds, as the runtime will type them; UsageError naming `where` and the
+    the environment's run setting `set` already holds, as the runtime will type them; UsageError naming `where` and the
     line. The names, types and ranges are checked here from the training arguments' cached or shipped schema
     (training_overrides.cached_schema), else in one child process that sees no GPU and writes that schema: on a GPU
     host, importing transformers' TrainingArguments initialises CUDA (seen on an H200), which the parent must never
@@ -288,16 +288,17 @@ def _checked_from_schema(groups):
 
 
 def training_overrides_environment(*line_groups, environ=None):
-    """{"NBDDP_SET": ...} for a child process: the lines the environment's NBDDP_SET already holds, then each group
-    of `NAME=VALUE` lines, a later line winning; {} when there are none. Checks nothing: `check_overrides` does."""
+    """The run setting `set` for a child process, {its variable: lines}: the lines the environment holds, then each
+    group of `NAME=VALUE` lines, a later line winning; {} when there are none. Checks nothing: `check_overrides`
+    does."""
     environ = os.environ if environ is None else environ
     value = training_overrides.environment_value([line for lines in line_groups for line in lines], environ)
     return {training_overrides.ENV: value} if value else {}
 
 
 def checked_overrides_environment(lines, environ=None):
-    """NBDDP_SET for the children from `--set` lines, checked first (with the environment's own) as the runtime
-    will type them; {} without any here or in the environment."""
+    """The run setting `set` for the children from `--set` lines, checked first (with the environment's own) as the
+    runtime will type them; {} without any here or in the environment."""
     check_overrides([(training_overrides.FLAG, lines)], environ)
     return training_overrides_environment(lines, environ=environ)
 

@@ -52,7 +52,7 @@ def run(script=smoke_run.DEFAULT_SCRIPT, flags=(), params_file=None, options=lau
         timeout=None, runs_root=RUNS_ROOT, *, overrides=(), batch_layout=None, strategy=None):
     """Check, smoke, launch, summarise. The -p/-f parameters (and `batch_layout`, `strategy`) go to torchrun and
     (but for the run length and output_dir) to the smoke run; the `--set` lines `overrides`, checked first, to both,
-    as NBDDP_SET."""
+    as the run setting `set`."""
     times = {"began": time.time()}  # when each phase began, for the summary's wall time split
     notebook, defaults, user = smoke_run.user_parameters(script, flags, params_file, batch_layout, strategy)  # in 2 s
     overrides_env = parameters.checked_overrides_environment(overrides)  # from the cached schema: in 2 s too

@@ -122,7 +122,7 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
 
     training_checkpoints.register()
     data.register()
-    smoke_sandbox.install(started_in, namespace)  # a smoke run (NBDDP_SMOKE_DIR): saves into its folder, no pushes
+    smoke_sandbox.install(started_in, namespace)  # a smoke run (`smoke_dir` set): saves into its folder, no pushes
     if ddp.is_main_process:
         if auto is not None:
             (log.warning if auto.warning else log.info)(auto_strategy.describe(auto))

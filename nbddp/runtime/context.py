@@ -59,7 +59,7 @@ def init_distributed(resume=False, batch_layout="notebook") -> DistributedContex
             f"LOCAL_RANK {local_rank} but only {torch.cuda.device_count()} CUDA devices are visible: "
             f"use torchrun --nproc_per_node {torch.cuda.device_count()} or fewer"
         )
-    timeout = process_group_timeout()  # checked on one process too: a smoke run finds a bad NBDDP_TIMEOUT_S
+    timeout = process_group_timeout()  # checked on one process too: a smoke run finds a bad timeout_s setting
     # FSDP shards over a process group, which torchrun's one process gets too (`--strategy fsdp` on one GPU)
     if (world_size > 1 or (fsdp.active() and "LOCAL_RANK" in os.environ)) and not dist.is_initialized():
         if on_gpu:

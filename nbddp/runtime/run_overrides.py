@@ -1,8 +1,8 @@
 """Run overrides in `ddp`: what this run sets over the notebook's training.
 
-The run's length and folder (NBDDP_MAX_STEPS, NBDDP_OUTPUT_DIR, set by `pipeline.py smoke` and `run`), the training
-arguments built with the `--set` overrides and the batch laid out for this run's processes (`training_args`), what
-this machine can honour (`gpu_only`, `optimizer`, `cap_num_proc`), nbddp's metrics callback, and the checkpoint a
+The run's length and folder (the run settings `max_steps` and `output_dir`, set by `pipeline.py smoke` and `run`), the
+training arguments built with the `--set` overrides and the batch laid out for this run's processes (`training_args`),
+what this machine can honour (`gpu_only`, `optimizer`, `cap_num_proc`), nbddp's metrics callback, and the checkpoint a
 resumed run continues from.
 """
 import dataclasses
@@ -28,8 +28,8 @@ class RunOverrides:
 
     def max_steps(self, steps):
         """`max_steps` for training arguments: the notebook's `steps` (-1: train by epochs), or at most
-        NBDDP_MAX_STEPS when that is set. `pipeline.py smoke` sets it to its few steps, so that a smoke run takes
-        them rather than the notebook's whole training (its epochs; a `max_steps` that is no parameter)."""
+        the run setting `max_steps` when that is set. `pipeline.py smoke` sets it to its few steps, so that a smoke run
+        takes them rather than the notebook's whole training (its epochs; a `max_steps` that is no parameter)."""
         text = os.environ.get(ENV.MAX_STEPS)
         if not text:
             return steps
@@ -44,7 +44,7 @@ class RunOverrides:
         return capped
 
     def output_dir(self, path):
-        """`output_dir` for training arguments: the notebook's `path`, or NBDDP_OUTPUT_DIR when that is set
+        """`output_dir` for training arguments: the notebook's `path`, or the run setting `output_dir` when that is set
         (`pipeline.py smoke` and `run` set it to their run folder for a script without an `output_dir` parameter)."""
         return os.environ.get(ENV.OUTPUT_DIR) or path
 
@@ -95,8 +95,8 @@ class RunOverrides:
         return build
 
     def _planned_processes(self) -> int:
-        """The processes the batch is laid out for: this run's, or NBDDP_PLAN_PROCESSES on one process (the smoke
-        run's layout check trains as the torchrun run will)."""
+        """The processes the batch is laid out for: this run's, or the run setting `plan_processes` on one process (the
+        smoke run's layout check trains as the torchrun run will)."""
         text = os.environ.get(ENV.PLAN_PROCESSES)
         if not text or self.world_size > 1:
             return self.world_size
@@ -148,7 +148,7 @@ class RunOverrides:
 
 def _batch_keywords_from_command_line(kwargs, overrides) -> set[str]:
     """The batch keywords of a config's `kwargs` that the command line gave (batch_plan): by `--set`, or by the
-    script's flag of the same name whose value the notebook passed on (NBDDP_PER_PROCESS)."""
+    script's flag of the same name whose value the notebook passed on (the run setting `per_process`)."""
     given = {override.name for override in overrides} & set(batch_plan.BATCH_KEYWORDS)
     flags = batch_plan.command_line_values()
     return given | {name for name, text in flags.items() if name in kwargs and str(kwargs[name]) == text}

@@ -1,9 +1,9 @@
 """A smoke run writes nothing of the user's: what the notebook's code saves lands in the smoke run's folder, and
 nothing goes to a hub.
 
-`pipeline.py smoke` (and `run`'s smoke step) set NBDDP_SMOKE_DIR to the smoke run's folder; `runtime.setup` then
-calls `install()`, which wraps the library methods listed below, each once however often it runs. Without the
-variable nothing is wrapped: the training run saves and pushes where the notebook says.
+`pipeline.py smoke` (and `run`'s smoke step) set the run setting `smoke_dir` to the smoke run's folder; `runtime.setup`
+then calls `install()`, which wraps the library methods listed below, each once however often it runs. Without it
+nothing is wrapped: the training run saves and pushes where the notebook says.
 
 A save to a path P goes to `redirected(P)`:
 - P itself when it lies in the smoke folder already (the smoke's output_dir) or in nbddp's model cache
@@ -77,8 +77,8 @@ def smoke_dir() -> Path | None:
 
 
 def install(project=None, namespace=None) -> None:
-    """In a smoke run (NBDDP_SMOKE_DIR set), wrap the saving, pushing and loading functions listed above; otherwise
-    nothing. `project`: the folder the run started in (None: the working directory); `namespace`: the cells'
+    """In a smoke run (the run setting `smoke_dir` set), wrap the saving, pushing and loading functions listed above;
+    otherwise nothing. `project`: the folder the run started in (None: the working directory); `namespace`: the cells'
     globals, whose `open` becomes `notebook_open`."""
     if smoke_dir() is None:
         return

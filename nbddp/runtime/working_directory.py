@@ -4,8 +4,8 @@ Export writes the notebooks' folder, relative to the script's, as the script's `
 `runtime.setup` changes into it before any cell runs. A relative `workdir` is read from the script's folder, or in a
 kernel (papermill, Jupyter), which has no script file, from the kernel's working directory (nbddp's smoke and
 regress runs pass it absolute); `""` leaves the working directory as it is. So a notebook's `../data/x.jsonl` means
-what it means in Jupyter, and so do the values of flags that name files. The folders in nbddp's variables
-(NBDDP_OUTPUT_DIR, NBDDP_SMOKE_DIR) name them from where the command started, so they are made absolute first.
+what it means in Jupyter, and so do the values of flags that name files. The folders of the run settings
+`output_dir` and `smoke_dir` are named from where the command started, so they are made absolute first.
 """
 import os
 

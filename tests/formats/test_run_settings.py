@@ -1,5 +1,6 @@
 """The table of run settings (nbddp.formats.run_settings) is the only place a setting or an NBDDP_ variable is
-written: the code names no variable the table lacks and spells none outside the table and its allowed readers,
+written: the code and the docs name no variable the table lacks, nbddp and pipeline.py spell none (not even in a
+docstring, a comment or a Python name) outside the table, bench and tools none in code outside its allowed readers,
 every command takes the options the table gives it, the scripts' parameters are the table's, and docs/settings.md is
 what the table renders."""
 import argparse
@@ -16,11 +17,12 @@ import pytest
 
 from nbddp import cli, runtime
 from nbddp.formats import run_settings
-from nbddp.formats.script_parameters import NBDDP_PARAMETERS
+from nbddp.formats.script_parameters import OWN_PARAMETERS
 from nbddp.orchestration.launch.launch import LaunchOptions
 
 ROOT = Path(__file__).resolve().parents[2]
-SCANNED = ["nbddp", "pipeline.py", "bench", "tools"]
+OWN = ["nbddp", "pipeline.py"]  # nbddp itself: only the table spells a variable, anywhere in a file
+SCANNED = [*OWN, "bench", "tools"]
 VARIABLE = re.compile(r"NBDDP_[A-Z0-9_]*[A-Z0-9]")
 TABLE = "nbddp/formats/run_settings.py"
 # The files besides the table that may spell a variable in code, and why.
@@ -31,8 +33,8 @@ READERS = {
 VERBS = ("smoke", "run", "launch", "regress")
 
 
-def python_files():
-    for name in SCANNED:
+def python_files(names=SCANNED):
+    for name in names:
         path = ROOT / name
         yield from [path] if path.suffix == ".py" else sorted(path.rglob("*.py"))
 
@@ -68,6 +70,24 @@ def test_every_variable_the_code_names_is_in_the_table():
     unknown = [f"{path.relative_to(ROOT)}:{line}: {name}" for path in python_files()
                for line, name, _ in spelled(path) if name not in known]
     assert unknown == [], "add these variables to nbddp/formats/run_settings.py, or fix the name"
+
+
+def test_every_variable_the_docs_name_is_in_the_table():
+    known = {entry.env for entry in run_settings.SETTINGS if entry.env}
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").glob("*.md"))]
+    unknown = {f"{page.relative_to(ROOT)}: {name}" for page in pages for name in VARIABLE.findall(page.read_text())
+               if name not in known}
+    assert sorted(unknown) == [], "a variable the table lacks: fix the page, or add the setting to the table"
+
+
+def test_nbddp_spells_a_variable_only_in_the_table():
+    # Everywhere else a docstring, comment or message names the setting ("the run setting `max_steps`", or the
+    # option a user types) and code reads the name from the table (run_settings.ENV.<NAME>); a Python name
+    # starting NBDDP_ would hide a spelled variable from this check, so none is allowed either.
+    spelling = [path.relative_to(ROOT).as_posix() for path in python_files(OWN) if run_settings.PREFIX in
+                path.read_text()]
+    assert spelling == [TABLE], ("name the setting instead: 'the run setting `max_steps`' in prose, "
+                                 "run_settings.ENV.MAX_STEPS in code")
 
 
 def test_only_the_table_and_its_readers_spell_a_variable_in_code():
@@ -120,7 +140,7 @@ def test_an_option_of_several_commands_is_a_setting_of_the_table():
     commands = subcommands()
     taken = {verb: options(commands[verb]) for verb in VERBS}
     shared = {dest for verb in VERBS for dest in taken[verb]
-              if sum(dest in taken[other] for other in VERBS) > 1 or dest in NBDDP_PARAMETERS}
+              if sum(dest in taken[other] for other in VERBS) > 1 or dest in OWN_PARAMETERS}
     table = {entry.destination(): entry for entry in run_settings.SETTINGS}
     missing = sorted(f"{verb} {dest}" for verb in VERBS for dest in shared & taken[verb].keys()
                      if dest not in table or verb not in table[dest].commands)
@@ -135,7 +155,7 @@ def test_smoke_run_and_launch_take_the_batch_layout_and_the_strategy():
 
 def test_the_scripts_parameters_are_the_tables():
     names = [entry.name for entry in run_settings.script_parameters()]
-    assert list(NBDDP_PARAMETERS) == names == ["backend", "resume", "batch_layout", "strategy", "workdir"]
+    assert list(OWN_PARAMETERS) == names == ["backend", "resume", "batch_layout", "strategy", "workdir"]
     keywords = inspect.signature(runtime.setup).parameters  # a notebook's own setup cell passes them as keywords
     assert {name: keywords[name].default for name in names} == {
         entry.name: entry.default for entry in run_settings.script_parameters()}

@@ -1,10 +1,10 @@
 """Let the run set the length and the place of training: in training arguments `max_steps=X` becomes
 `ddp.max_steps(X)` and `output_dir=X` becomes `ddp.output_dir(X)`.
 
-The runtime returns the notebook's value unless NBDDP_MAX_STEPS (at most that many steps) or NBDDP_OUTPUT_DIR
-(that folder instead) is set. `pipeline.py smoke` and `run` set them for a script without `max_steps` or
-`output_dir` parameters, which is every notebook not written for nbddp, as they set those parameters for a
-script that has them: otherwise its smoke run trains for the notebook's whole `max_steps = 60` (or
+The runtime returns the notebook's value unless the run setting `max_steps` (at most that many steps) or
+`output_dir` (that folder instead) is set (docs/settings.md). `pipeline.py smoke` and `run` set them for a script
+without `max_steps` or `output_dir` parameters, which is every notebook not written for nbddp, as they set those
+parameters for a script that has them: otherwise its smoke run trains for the notebook's whole `max_steps = 60` (or
 `num_train_epochs = 1` over the full dataset) on one GPU before torchrun starts, and writes its checkpoints
 into the notebook's `outputs/` beside the training run's. Arguments without `max_steps` (they train by
 epochs) get `max_steps=ddp.max_steps(-1)`, -1 being its default.

@@ -7,7 +7,7 @@ In `TrainingArguments(...)`, `Seq2SeqTrainingArguments(...)` and TRL's configs (
   pass and can fail under gradient checkpointing) and `average_tokens_across_devices=True` (the loss is
   normalised by the tokens of all ranks), unless the author set them; a `ddp_timeout` the author set is
   noted as having no effect (the runtime creates the process group before any trainer, with the
-  `NBDDP_TIMEOUT_S` timeout, and accelerate keeps an existing group);
+  run setting `timeout_s`'s timeout, and accelerate keeps an existing group);
 - wrap `fp16=X`/`bf16=X` as `ddp.gpu_only(X)`; a TRL config with neither gets `bf16=ddp.gpu_only(True)`,
   TRL's own default on GPU, because the trainer refuses bf16 on CPU (`TrainingArguments` defaults to
   fp32, which runs anywhere, so it gets nothing);

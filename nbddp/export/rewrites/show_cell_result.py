@@ -17,7 +17,7 @@ from nbddp.export.rewrites.call_args import code_of
 from nbddp.export.rewrites.ddp_blocks import ddp_call
 from nbddp.export.rewrites.guard_rank0_side_effects import has_side_effect, tracker_runs
 
-NBDDP_CALL = m.Call(func=m.Attribute(value=m.Name("ddp")))  # nbddp's own (`ddp.barrier()`, `ddp.show(...)`)
+DDP_CALL = m.Call(func=m.Attribute(value=m.Name("ddp")))  # nbddp's own (`ddp.barrier()`, `ddp.show(...)`)
 
 
 def shown_value(statement: cst.BaseStatement, runs=frozenset()) -> cst.Expr | None:
@@ -26,7 +26,7 @@ def shown_value(statement: cst.BaseStatement, runs=frozenset()) -> cst.Expr | No
     if not isinstance(statement, cst.SimpleStatementLine) or not isinstance(statement.body[-1], cst.Expr):
         return None
     last = statement.body[-1]
-    if isinstance(last.semicolon, cst.Semicolon) or m.matches(last.value, NBDDP_CALL):
+    if isinstance(last.semicolon, cst.Semicolon) or m.matches(last.value, DDP_CALL):
         return None
     if isinstance(last.value, cst.Call) and has_side_effect(last.value, runs):
         return None

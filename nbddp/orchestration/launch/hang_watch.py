@@ -1,9 +1,9 @@
 """Name a hung rank within minutes: launch watches its workers' heartbeats (`runtime.heartbeat`).
 
-A worker whose heartbeat is older than NBDDP_HANG_S seconds (default HANG_S; 0 turns the watch off) has stopped
-answering: stopped by a signal, on a stalled machine, or stuck in native code that holds the interpreter lock. A
-collective would wait the process-group timeout (NBDDP_TIMEOUT_S, 1800 s) for it, with every rank silent; the
-watch kills it instead (SIGKILL, which a stopped process takes too), so torchrun stops the others at once, and
+A worker whose heartbeat is older than the run setting `hang_s` (seconds, default HANG_S; 0 turns the watch off) has
+stopped answering: stopped by a signal, on a stalled machine, or stuck in native code that holds the interpreter lock. A
+collective would wait the process-group timeout (the run setting `timeout_s`, 1800 s) for it, with every rank silent;
+the watch kills it instead (SIGKILL, which a stopped process takes too), so torchrun stops the others at once, and
 the failure report names it as hung. A rank that is slow but alive keeps beating, so a long checkpoint save or
 model load is not mistaken for a hang. Only this machine's workers are watched, by this machine's launch.
 """
@@ -84,8 +84,8 @@ class Watch:
 
 @contextmanager
 def watching(env: dict):
-    """While the body runs the job with `env`, watch its workers (unless NBDDP_HANG_S is 0); yields the Watch (None
-    when off). `env` gets NBDDP_HEARTBEAT_DIR, a private folder removed afterwards."""
+    """While the body runs the job with `env`, watch its workers (unless the run setting `hang_s` is 0); yields the
+    Watch (None when off). `env` gets the run setting `heartbeat_dir`, a private folder removed afterwards."""
     limit = limit_s(env)
     if not limit:
         yield None

@@ -3,10 +3,10 @@
 The command is `sys.executable -m torch.distributed.run ...` (torchrun of this interpreter) built as
 a list and run without a shell. `--nproc-per-node auto` means one process per visible GPU or,
 without GPUs, two CPU processes (gloo), so DDP code paths run on a laptop too. SIGINT or SIGTERM stops torchrun and
-every worker, and says where to resume (`stopping`). The workers get the `nbddp` logger's level as NBDDP_LOG_LEVEL
-(`nbddp.log`); with `-q` and a log folder, the console shows their stderr only (their stdout is in the folder).
-Their stderr reaches the console without other libraries' progress bars and warnings unless -v (console_noise): the
-log folder keeps every rank's, and TORCHRUN_LOG all of torchrun's.
+every worker, and says where to resume (`stopping`). The workers get the `nbddp` logger's level as the run setting
+`log_level` (`nbddp.log`); with `-q` and a log folder, the console shows their stderr only (their stdout is in the
+folder). Their stderr reaches the console without other libraries' progress bars and warnings unless -v (console_noise):
+the log folder keeps every rank's, and TORCHRUN_LOG all of torchrun's.
 """
 
 import os
@@ -154,8 +154,8 @@ def execute(plan, environ=None):
 
 
 def _output_dir(plan, env):
-    """The training output_dir: the script's `--output_dir` or default, else NBDDP_OUTPUT_DIR (a script without
-    such a parameter); None when neither is known."""
+    """The training output_dir: the script's `--output_dir` or default, else the run setting `output_dir` (a script
+    without such a parameter); None when neither is known."""
     found = (failure_report.find_output_dir(plan.script, plan.script_args) if plan.script else None) \
         or env.get(ENV.OUTPUT_DIR)
     return Path(found) if found else None
@@ -165,7 +165,7 @@ def _output_dir(plan, env):
 def launch(script=Path("generated/train.py"), script_args=(), options=LaunchOptions(), log_dir=None, dry_run=False, *,
            overrides=(), batch_layout=None, strategy=None):
     """Plan and (unless `dry_run`) run torchrun; prints the command; returns torchrun's exit status.
-    `overrides`: `--set NAME=VALUE` lines, checked first, for the workers' NBDDP_SET; `batch_layout` and
+    `overrides`: `--set NAME=VALUE` lines, checked first, for the workers' run setting `set`; `batch_layout` and
     `strategy`: the script's `--batch_layout` and `--strategy` (None: its default)."""
     parameters.check_script_flag_paths(script, script_args)
     extra_env = parameters.checked_overrides_environment(overrides)

@@ -86,8 +86,8 @@ def _case_parameters(suite, case, defaults):
 
 
 def _case_environments(suite, cases, overrides):
-    """{case: NBDDP_SET for its runs}: the case's `set:` lines, then the command line's `--set` (which win); all
-    checked at once."""
+    """{case: the run setting `set` for its runs}: the case's `set:` lines, then the command line's `--set` (which win);
+    all checked at once."""
     lines = {case.name: parameters.suite_override_lines(case.overrides) for case in cases}
     parameters.check_overrides([(training_overrides.FLAG, overrides)] +
                                [(f"--suite {suite.path}: case {name}: set", lines[name]) for name in lines])
@@ -95,7 +95,7 @@ def _case_environments(suite, cases, overrides):
 
 
 def run_case(suite, case, notebook, params, case_dir, extra_env=None):
-    """Run one case into `case_dir` (`extra_env`: NBDDP_SET for its processes); a run that fails becomes a
+    """Run one case into `case_dir` (`extra_env`: the run setting `set` for its processes); a run that fails becomes a
     CaseResult with `error`."""
     case_dir.mkdir(parents=True)
     try:

@@ -1,8 +1,8 @@
 """`--batch-layout auto` in `pipeline.py smoke` and `run`: prove the fuller layout on the smoke device first.
 
 One smoke run, with one model load, trains its steps twice from the same start (nbddp.runtime.memory.
-smoke_layout_check): in the notebook's layout as torchrun's N processes would (NBDDP_PLAN_PROCESSES=N: the runtime
-lays the batch out for N processes, its one device taking all N shares of each step in turn), then in the fuller
+smoke_layout_check): in the notebook's layout as torchrun's N processes would (the run setting `plan_processes`, N: the
+runtime lays the batch out for N processes, its one device taking all N shares of each step in turn), then in the fuller
 layout those processes will use (`--batch_layout auto`), same weights, random state and data order. The two are
 equal in exact arithmetic (Trainer normalises each step's loss by the tokens of the whole step, whatever its micro
 batches); what differs is rounding in matrix products of other shapes. `run` launches torchrun with `--batch_layout b` (the proven micro

@@ -3,7 +3,7 @@
 Papermill runs as `python -m papermill` so that CUDA_VISIBLE_DEVICES and the kernelspec search
 path change for the child only. Its executed notebook is the record: a failure is read back from
 it (cell_failure) and reported at the source notebook cell and line (sourcemap). The console shows papermill's
-cell counter and the kernel's training progress (`progress.log`, NBDDP_PROGRESS_FILE), neither with `-q`.
+cell counter and the kernel's training progress (`progress.log`, the run setting `progress_file`), neither with `-q`.
 """
 
 import sys

@@ -1,15 +1,15 @@
 """One smoke run: the generated script executed once as a notebook into a run folder, for a few steps on one device.
 
-A few steps: the `max_steps` parameter set to 3 (or the user's `-p max_steps N`), and NBDDP_MAX_STEPS, the same
-number, in the kernel's environment, which caps every training arguments the notebook builds (run-overrides), so a
+A few steps: the `max_steps` parameter set to 3 (or the user's `-p max_steps N`), and the run setting `max_steps`, the
+same number, in the kernel's environment, which caps every training arguments the notebook builds (run-overrides), so a
 smoke run stays short whatever `-p max_steps -1`, a script without that parameter or the notebook's epochs say;
-likewise the `output_dir` parameter or NBDDP_OUTPUT_DIR (run-overrides) point training at the run folder.
-`--set NAME=VALUE` overrides of the training arguments reach the kernel as NBDDP_SET (training_overrides), and
-`--batch-layout` as the script's `batch_layout` parameter; `-p per_device_train_batch_size` and
-`gradient_accumulation_steps`, per-process values as the script's own flags are, also as NBDDP_PER_PROCESS
-(batch_plan). The run folder gets the executed notebook, its HTML rendering, params.json (what papermill injected)
-and metrics.jsonl (the script's output_dir points there). `smoke`, `run` and the layout check (`--batch-layout auto`)
-each start one.
+likewise the `output_dir` parameter or the run setting `output_dir` (run-overrides) point training at the run folder.
+`--set NAME=VALUE` overrides of the training arguments reach the kernel as the run setting `set` (training_overrides),
+and `--batch-layout` as the script's `batch_layout` parameter; `-p per_device_train_batch_size` and
+`gradient_accumulation_steps`, per-process values as the script's own flags are, also as the run setting
+`per_process` (batch_plan). The run folder gets the executed notebook, its HTML rendering, params.json (what
+papermill injected) and metrics.jsonl (the script's output_dir points there). `smoke`, `run` and the layout check
+(`--batch-layout auto`) each start one.
 """
 
 import os
@@ -57,7 +57,7 @@ def user_parameters(script, flags=(), params_file=None, batch_layout=None, strat
 
 def run_smoke(notebook, script, defaults, user, visible, timeout, run_dir, extra_env=None):
     """Execute the smoke run into `run_dir` on the device `visible` (a CUDA_VISIBLE_DEVICES value); `extra_env`
-    (NBDDP_SET) goes to the kernel too."""
+    (the run setting `set`) goes to the kernel too."""
     run_dir.mkdir(parents=True, exist_ok=True)
     injected = parameters.with_absolute_paths(script, defaults, smoke_parameters(defaults, user, run_dir))
     files.write_json(run_dir / "params.json", injected)
@@ -103,17 +103,18 @@ def smoke_steps(injected):
 
 
 def smoke_environment(defaults, run_dir, environ=os.environ, steps=SMOKE_DEFAULTS["max_steps"]):
-    """What the kernel's environment adds, unless the user set it: NBDDP_MAX_STEPS=`steps`, which `ddp.max_steps`
-    applies to every training arguments the notebook builds, so the smoke run takes the smoke steps instead of the
-    notebook's whole training (its epochs, a `max_steps` that is no parameter); for a script without an
-    `output_dir` parameter, NBDDP_OUTPUT_DIR, which `ddp.output_dir` applies, so its checkpoints land here."""
+    """What the kernel's environment adds, unless the user set it: the run setting `max_steps` at `steps`, which
+    `ddp.max_steps` applies to every training arguments the notebook builds, so the smoke run takes the smoke steps
+    instead of the notebook's whole training (its epochs, a `max_steps` that is no parameter); for a script without an
+    `output_dir` parameter, the run setting `output_dir`, which `ddp.output_dir` applies, so its checkpoints land
+    here."""
     env = {} if ENV.MAX_STEPS in environ else {ENV.MAX_STEPS: str(steps)}
     return env | output_dir_environment(defaults, run_dir, environ)
 
 
 def output_dir_environment(defaults, output_dir, environ=os.environ):
-    """NBDDP_OUTPUT_DIR=`output_dir` for a script without an `output_dir` parameter, unless the user set it: where
-    `ddp.output_dir(...)` points its training arguments (the smoke run's and the training run's folder)."""
+    """The run setting `output_dir` at `output_dir` for a script without an `output_dir` parameter, unless the user set
+    it: where `ddp.output_dir(...)` points its training arguments (the smoke run's and the training run's folder)."""
     if "output_dir" in defaults or ENV.OUTPUT_DIR in environ:
         return {}
     return {ENV.OUTPUT_DIR: str(output_dir)}

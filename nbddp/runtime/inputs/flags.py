@@ -6,12 +6,12 @@ cell (the notebook author's words) and the notebook that defines it, the `# 01_d
 (`defined_in`; both read by nbddp.formats.parameters.read_cell). Inside a Jupyter
 kernel (papermill's smoke run) nothing is parsed: `sys.argv` is the kernel's own there, and papermill
 injects the parameters itself. Either way, once the values are final, a parameter named `output_dir`
-(Trainer's name, which smoke and run set too) and NBDDP_OUTPUT_DIR (which `ddp.output_dir` puts in the training
-arguments) are checked before any work (`preflight`). A parameter named `dtype` (Unsloth's, for the model's
+(Trainer's name, which smoke and run set too) and the run setting `output_dir` (which `ddp.output_dir` puts in the
+training arguments) are checked before any work (`preflight`). A parameter named `dtype` (Unsloth's, for the model's
 weights) takes None or a dtype name: what FastLanguageModel and the hf backend accept.
 
 Every script, with a parameters cell or without, also takes `--set NAME=VALUE` (repeatable): a keyword of the
-training arguments the notebook builds. Its lines go to the NBDDP_SET environment variable, where the
+training arguments the notebook builds. Its lines go to the run setting `set` (an environment variable), where the
 runtime reads them (`training_overrides`; `pipeline.py` passes its own `--set` to the script the same way); never
 into the script's globals, where a `set` would hide the builtin.
 """
@@ -22,7 +22,7 @@ import sys
 from datetime import timedelta
 
 from nbddp.errors import UsageError
-from nbddp.formats.parameters import (DTYPE, DTYPES, NBDDP_NOTEBOOK, SCRIPT_CELL_MARKER, Parameter, ParametersCellError,
+from nbddp.formats.parameters import (DTYPE, DTYPES, OWN_NOTEBOOK, SCRIPT_CELL_MARKER, Parameter, ParametersCellError,
                                      read_script, typed)
 from nbddp.runtime import working_directory
 from nbddp.runtime.inputs import preflight, training_overrides
@@ -49,15 +49,15 @@ def running_in_kernel() -> bool:
 
 def apply_flags(namespace: dict, defined_in: dict[str, str]) -> None:
     """Override the parameters in `namespace` from `sys.argv[1:]` (script mode only), then check `output_dir` and
-    NBDDP_OUTPUT_DIR.
+    the run setting `output_dir`.
 
     `namespace`: the script's globals as its parameters cell left them (`runtime.setup` calls this first), so an
     `output_dir` there is the parameter. `defined_in` maps each parameter name to the notebook that defines it
     (shown in `--help`; see `defined_in`).
     An unknown flag, a value of the wrong type, a `--set` that is not NAME=VALUE or an unusable output_dir exits
     with status 2, naming the flag; in a kernel, an unusable output_dir raises UsageError instead. `--set` lines
-    are appended to os.environ["NBDDP_SET"]; whether their names and values fit a training argument is checked
-    by `runtime.setup` (that needs transformers, which may only be imported after Unsloth).
+    are appended to the run setting `set` in os.environ; whether their names and values fit a training argument is
+    checked by `runtime.setup` (that needs transformers, which may only be imported after Unsloth).
     """
     script_mode = not running_in_kernel()
     if script_mode:
@@ -117,7 +117,7 @@ def _parameters_cell(script: str | None) -> list[Parameter]:
 
 
 def process_group_timeout() -> timedelta:
-    """NBDDP_TIMEOUT_S: how long the process group's collectives wait for a slow rank (1800 s unless set).
+    """The run setting `timeout_s`: how long the process group's collectives wait for a slow rank (1800 s unless set).
     Raises UsageError unless it is a number of seconds above 0."""
     text = os.environ.get(TIMEOUT_VARIABLE, str(DEFAULT_TIMEOUT_S))
     try:
@@ -139,7 +139,7 @@ def _parse(parser: argparse.ArgumentParser, defined_in: dict[str, str]) -> argpa
 
 
 def _unknown_hint(unknown: list[str], defined_in: dict[str, str]) -> str:
-    notebook_parameters = [name for name, notebook in defined_in.items() if notebook != NBDDP_NOTEBOOK]
+    notebook_parameters = [name for name, notebook in defined_in.items() if notebook != OWN_NOTEBOOK]
     if not notebook_parameters:
         return " (the notebooks define no parameters: tag a cell `parameters` to make its assignments flags)"
     flags = [f"--{name}" for name in defined_in]

@@ -2,8 +2,8 @@
 to save, and nothing is left behind when the answer is no.
 
 The threshold of free space is a floor that catches a full disk, not an estimate of what a run writes
-(the example's adapter is a few hundred kB; an 8B model's checkpoints are gigabytes): NBDDP_MIN_FREE_GIB,
-1 GiB unless set; 0 turns the check off.
+(the example's adapter is a few hundred kB; an 8B model's checkpoints are gigabytes): the run setting
+`min_free_gib`, 1 GiB unless set; 0 turns the check off.
 """
 import os
 import shutil
@@ -18,8 +18,8 @@ DEFAULT_MIN_FREE_GIB = setting("min_free_gib").default
 
 
 def check_output_dir(output_dir, name="output_dir") -> None:
-    """Raise UsageError, naming `output_dir` as `name` (the parameter's, or NBDDP_OUTPUT_DIR), when it cannot be
-    created or written, or its disk is (nearly) full.
+    """Raise UsageError, naming `output_dir` as `name` (the parameter's, or the run setting `output_dir`'s variable),
+    when it cannot be created or written, or its disk is (nearly) full.
 
     Creates nothing: a missing `output_dir` is judged by the deepest folder of it that exists, and the probe
     file written there has no name and is gone when closed.

@@ -4,8 +4,8 @@
     python pipeline.py run --set learning_rate=1e-4
 
 The script's flag, and `pipeline.py`'s for the processes it starts, put the lines into one environment
-variable, NBDDP_SET (`NAME=VALUE` per line; a later line for the same name wins), so a kernel, a torchrun worker
-and a restarted one all read the same overrides from one place. `check` refuses, before any work, a name that no
+variable, the run setting `set` (`NAME=VALUE` per line; a later line for the same name wins), so a kernel, a torchrun
+worker and a restarted one all read the same overrides from one place. `check` refuses, before any work, a name that no
 TrainingArguments-family config has and a value its field cannot take; `apply` puts the typed values into the
 keyword arguments of each config the notebook builds (`ddp.training_args`), each config taking the names it has.
 
@@ -148,7 +148,8 @@ def parse_line(line: str, where: str = FLAG) -> Override:
 
 
 def from_environment(environ=os.environ) -> list[Override]:
-    """The overrides in NBDDP_SET, one per name: a later line for the same name wins. Blank lines are skipped."""
+    """The overrides in the run setting `set`, one per name: a later line for the same name wins. Blank lines are
+    skipped."""
     overrides = {}
     for line in environ.get(ENV, "").splitlines():
         if line.strip():
@@ -159,7 +160,7 @@ def from_environment(environ=os.environ) -> list[Override]:
 
 
 def environment_value(lines, environ=os.environ, where: str = FLAG) -> str:
-    """NBDDP_SET for a child process (or this one): the lines `environ` already holds, then `lines` (so they
+    """The run setting `set` for a child process (or this one): the lines `environ` already holds, then `lines` (so they
     win); each of `lines` must be one `NAME=VALUE` line."""
     for line in lines:
         if "\n" in line or "\r" in line:

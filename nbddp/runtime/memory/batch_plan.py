@@ -14,11 +14,11 @@ Values given on the command line (the script's `--per_device_train_batch_size 2`
 2` flags, or `--set`) are per-process values, as in every Hugging Face script: they are kept on each process
 under any layout (`auto` and `<b>` still make the micro batch fuller at train(), keeping the rows per process),
 and the plan line says "(command line)". Only values the notebook wrote describe its one-device run. The script
-learns which values came from its command line through NBDDP_PER_PROCESS (`NAME=VALUE` lines: its flags'
+learns which values came from its command line through the run setting `per_process` (`NAME=VALUE` lines: its flags'
 parser sets it, and `pipeline.py` for the kernel of a smoke run); a `--set` line always comes from it.
 
-A one-process run can lay out the batch for N processes (`NBDDP_PLAN_PROCESSES=N`, what the smoke run's layout
-check sets): it runs each of its optimizer steps as the N processes would, its one device taking all N shares
+A one-process run can lay out the batch for N processes (the run setting `plan_processes`, N: what the smoke run's
+layout check sets): it runs each of its optimizer steps as the N processes would, its one device taking all N shares
 in turn (accumulation x N), so its losses are the N-process run's.
 
 The learning rate and schedule are never changed: under `per-device` they apply to an N times larger batch.
@@ -46,7 +46,7 @@ class BatchPlan:
     notebook_micro_batch: int  # as the config was given them: the notebook's, or the command line's (below)
     notebook_accumulation: int
     warning: str | None = None  # set when the global batch differs from the notebook's without being asked to
-    running: int | None = None  # processes that run it, when fewer than `processes` (NBDDP_PLAN_PROCESSES)
+    running: int | None = None  # processes that run it, when fewer than `processes` (plan_processes)
     command_line: tuple[str, ...] = ()  # the BATCH_KEYWORDS given on the command line: per-process values
 
     @property
@@ -138,13 +138,14 @@ def parse_layout(value) -> str | int:
 
 
 def command_line_values(environ=os.environ) -> dict[str, str]:
-    """{batch keyword: its text} that NBDDP_PER_PROCESS holds: the values the command line gave (see the module)."""
+    """{batch keyword: its text} that the run setting `per_process` holds: the values the command line gave (see the
+    module)."""
     lines = (line.partition("=") for line in environ.get(PER_PROCESS, "").splitlines())
     return {name.strip(): text.strip() for name, equals, text in lines if equals and name.strip() in BATCH_KEYWORDS}
 
 
 def per_process_environment(values: dict, environ=os.environ) -> str:
-    """NBDDP_PER_PROCESS for this process or a child: what `environ` holds, with the BATCH_KEYWORDS among
+    """The run setting `per_process` for this process or a child: what `environ` holds, with the BATCH_KEYWORDS among
     `values` (the command line's: flags or parameters given) set."""
     given = command_line_values(environ) | {name: str(values[name]) for name in BATCH_KEYWORDS if name in values}
     return "\n".join(f"{name}={text}" for name, text in given.items())

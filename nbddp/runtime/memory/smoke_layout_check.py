@@ -1,6 +1,6 @@
 """`--batch-layout auto`'s layout check, inside the one smoke process (orchestration's layout_check starts it).
 
-The smoke kernel gets NBDDP_LAYOUT_CHECK=<path>, NBDDP_PLAN_PROCESSES=N and `--batch_layout auto`. Its
+The smoke kernel gets the run settings `layout_check` (<path>) and `plan_processes` (N), and `--batch_layout auto`. Its
 `trainer.train()` then trains the smoke steps twice from the same start: first in the plan's own layout (the
 notebook's, laid out for N processes; fuller_batch leaves it alone), whose metrics.jsonl is moved to <path>; then,
 with the trainable weights, the random state and a fresh optimizer as before the first, in the fuller layout
@@ -31,7 +31,8 @@ ENV = run_settings.ENV.LAYOUT_CHECK
 
 
 def patch_trainer(trainer_class) -> None:
-    """Under NBDDP_LAYOUT_CHECK, `train()` trains in both layouts (see the module); call after fuller_batch's."""
+    """With the run setting `layout_check`, `train()` trains in both layouts (see the module); call after
+    fuller_batch's."""
     def make(original):
         @functools.wraps(original)
         def train(self, *args, **kwargs):

@@ -1,9 +1,10 @@
 """Each worker's heartbeat, by which `pipeline.py launch` names a rank that stopped answering long before the
-process-group timeout (NBDDP_TIMEOUT_S, 1800 s by default) would end the job (`orchestration.launch.hang_watch`).
+process-group timeout (the run setting `timeout_s`, 1800 s by default) would end the job
+(`orchestration.launch.hang_watch`).
 
-When NBDDP_HEARTBEAT_DIR names a folder (launch sets it to a private one of its own), a daemon thread touches
-`<folder>/rank-<RANK>`, which holds the worker's pid, every BEAT_S seconds. It beats while the rank's main thread
-computes, loads or waits in a collective; it stops when the process is stopped (SIGSTOP, Ctrl-Z in its terminal),
+When the run setting `heartbeat_dir` names a folder (launch sets it to a private one of its own), a daemon thread
+touches `<folder>/rank-<RANK>`, which holds the worker's pid, every BEAT_S seconds. It beats while the rank's main
+thread computes, loads or waits in a collective; it stops when the process is stopped (SIGSTOP, Ctrl-Z in its terminal),
 its machine stalls, or native code holds the interpreter lock.
 """
 import os
@@ -17,7 +18,7 @@ BEAT_S = 5.0
 
 
 def start(rank: int) -> None:
-    """Beat for `rank` in NBDDP_HEARTBEAT_DIR, if it is set; once per process."""
+    """Beat for `rank` in the run setting `heartbeat_dir`'s folder, if it is set; once per process."""
     folder = os.environ.get(VARIABLE)
     if not folder or any(thread.name == "nbddp-heartbeat" for thread in threading.enumerate()):
         return

@@ -8,10 +8,10 @@ and at every 10% of the steps, and the held-out loss when it is measured:
     nbddp: step 100/300: held-out loss 2.4449
 
 Either way only while training, and never Transformers' dict of every logged step. In a smoke run's Jupyter kernel
-the notebook keeps Transformers' own display, and the lines go to NBDDP_PROGRESS_FILE, which `pipeline.py smoke`
-echoes to its console (`nbddp.orchestration.smoke.papermill_stderr`). The level of the `nbddp` logger (`nbddp.log`,
-NBDDP_LOG_LEVEL) rules: WARNING (`-q`) shows nothing, DEBUG (`-v`) a line for every logged step. Other ranks show
-nothing. tokens/s is MetricsCallback's, which adds it to the logs (`metrics`).
+the notebook keeps Transformers' own display, and the lines go to the run setting `progress_file`, which `pipeline.py
+smoke` echoes to its console (`nbddp.orchestration.smoke.papermill_stderr`). The level of the `nbddp` logger
+(`nbddp.log`, the run setting `log_level`) rules: WARNING (`-q`) shows nothing, DEBUG (`-v`) a line for every logged
+step. Other ranks show nothing. tokens/s is MetricsCallback's, which adds it to the logs (`metrics`).
 """
 import logging
 import os
@@ -106,7 +106,7 @@ class TrainingProgress(ProgressCallback):
 def register() -> None:
     """Give every Trainer built from now on a `TrainingProgress`: in place of Transformers' ProgressCallback and of
     the PrinterCallback it takes with `disable_tqdm`; in a Jupyter kernel, beside Transformers' notebook display and
-    only for a smoke run (NBDDP_PROGRESS_FILE). Registering twice is once."""
+    only for a smoke run (the run setting `progress_file`). Registering twice is once."""
     if transformers_trainer.DEFAULT_PROGRESS_CALLBACK is TrainingProgress:
         return
     if transformers_trainer.DEFAULT_PROGRESS_CALLBACK is ProgressCallback:
