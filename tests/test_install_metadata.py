@@ -70,7 +70,7 @@ def declared_ranges(requirements) -> dict[str, str]:
     `>=2026.10,<2026.11`."""
     from packaging.version import Version
 
-    from nbddp.runtime import patches
+    from nbddp import patches
 
     ranges = {}
     for requirement in map(Requirement, requirements):
@@ -86,8 +86,8 @@ def declared_ranges(requirements) -> dict[str, str]:
 
 def test_the_declared_ranges_are_the_tested_ones():
     # An installed nbddp gets only the releases its patches were tested on: its first run never warns about them
-    # (runtime/patches.py, TESTED), and its warning's advice is this same range.
-    from nbddp.runtime import patches
+    # (nbddp/patches.py, TESTED), and its warning's advice is this same range.
+    from nbddp import patches
 
     declared = declared_ranges(project()["dependencies"] + project()["optional-dependencies"]["unsloth"])
     assert declared == {library: patches.tested_range(library) for library in patches.TESTED}
@@ -97,7 +97,7 @@ def test_the_declared_ranges_are_the_tested_ones():
 
 
 def test_every_stack_the_suite_runs_is_a_tested_one():
-    from nbddp.runtime import patches
+    from nbddp import patches
 
     stacks = [requirements_pins(), requirements_pins("requirements-notebooks.txt"),
               requirements_pins() | {canonicalize_name(name): version for name, version in GPU_HOST.items()}]

@@ -57,7 +57,7 @@ def test_the_wheel_declares_the_tested_ranges(wheel):
     # datasets ranges are the releases nbddp's patches were tested on, so the first run warns about none of them.
     from test_install_metadata import declared_ranges
 
-    from nbddp.runtime import patches
+    from nbddp import patches
 
     with zipfile.ZipFile(wheel) as archive:
         (name,) = [entry for entry in archive.namelist() if entry.endswith(".dist-info/METADATA")]

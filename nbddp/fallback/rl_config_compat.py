@@ -16,9 +16,9 @@ import dataclasses
 import functools
 import inspect
 
+from nbddp import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import patches
-from nbddp.runtime.rank import is_main_process
+from nbddp.rank import is_main_process
 
 # Straight renames (rl_config_compat's TRL_CONFIG_RENAMES, then TRANSFORMERS_CONFIG_RENAMES; TRL's are looked up first).
 TRL_RENAMES = {

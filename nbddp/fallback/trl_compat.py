@@ -36,8 +36,8 @@ import importlib
 import inspect
 import warnings
 
+from nbddp import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import patches
 from nbddp.fallback import rl_config_compat
 
 # (module, trainer, config) of the trainers Unsloth's notebooks build; those not importable here are skipped.

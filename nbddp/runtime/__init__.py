@@ -10,10 +10,11 @@ torch is imported only after the flags are read, so `train.py --help` answers at
 only after Unsloth, or (hf backend) when `setup` patches TRL (see `backend`).
 
 The rooms: `context` (the `ddp.` facade) and what it uses directly (`once_per_machine`, `started_processes`,
-`working_directory`, `smoke_sandbox`); `patches` (every change to other libraries, with why); `backend` (real
-Unsloth or the Transformers+PEFT fallback, `nbddp.fallback`); `trainer` (what every Trainer gets under DDP);
-`memory` (batch layout, memory estimate, gradient checkpointing); `inputs` (flags, `--set`, data, model names,
-output folders); `reporting` (metrics, progress, heartbeats, tracebacks).
+`working_directory`, `smoke_sandbox`); `backend` (real Unsloth or the Transformers+PEFT fallback, `nbddp.fallback`);
+`trainer` (what every Trainer gets under DDP); `memory` (batch layout, memory estimate, gradient checkpointing);
+`inputs` (flags, `--set`, data, model names, output folders); `reporting` (metrics, progress, heartbeats,
+tracebacks). What the runtime shares with the fallback is nbddp's, beside the rooms: `nbddp.patches` (every change
+to other libraries, with why), `nbddp.rank`.
 """
 import builtins
 import importlib
@@ -83,7 +84,8 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         backend, resume, batch_layout, strategy, workdir = (namespace.get(name, default) for name, default in (
             (BACKEND, backend), (RESUME, resume), (BATCH_LAYOUT, batch_layout), (STRATEGY, strategy),
             (WORKDIR, workdir)))
-    from nbddp.runtime import patches, working_directory
+    from nbddp import patches
+    from nbddp.runtime import working_directory
     from nbddp.runtime.backend import activate as activate_backend, choose as choose_backend
     from nbddp.runtime.inputs import training_overrides
     from nbddp.runtime.reporting import heartbeat, script_display, tracebacks

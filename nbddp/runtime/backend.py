@@ -10,9 +10,9 @@ import sys
 
 import torch
 
+from nbddp import patches
 from nbddp.errors import UsageError
 from nbddp.fallback import dataprep, models, trl_compat, zoo_files
-from nbddp.runtime import patches
 from nbddp.runtime.inputs.flags import BACKEND_CHOICES
 from nbddp.runtime.trainer import trainer_patches
 

@@ -12,8 +12,8 @@ import os
 import torch
 import torch.distributed as dist
 
+from nbddp import patches
 from nbddp.errors import UsageError
-from nbddp.runtime import patches
 from nbddp.runtime.ddp_core import DdpCore
 from nbddp.runtime.inputs.flags import process_group_timeout
 from nbddp.runtime.memory import batch_plan

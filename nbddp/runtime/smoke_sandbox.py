@@ -47,10 +47,10 @@ import shutil
 import sys
 from pathlib import Path
 
+from nbddp import patches
 from nbddp.examples import tiny_model
 from nbddp.fallback import save as fallback_save
 from nbddp.formats.run_settings import ENV
-from nbddp.runtime import patches
 
 SMOKE_DIR_VARIABLE = ENV.SMOKE_DIR
 OUTSIDE_PROJECT = "abs"  # <smoke dir>/abs/<path from its root>: where a save outside the project goes

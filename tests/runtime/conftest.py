@@ -50,9 +50,9 @@ def tiny_model_path(tiny_llama_dir, model_cache):
 
 @pytest.fixture
 def backend_patches_undone_after():
-    """Every patch nbddp applied (nbddp/runtime/patches.py), during the test or before it, undone after it: a later
+    """Every patch nbddp applied (nbddp/patches.py), during the test or before it, undone after it: a later
     test must meet the libraries' own classes."""
     yield
-    from nbddp.runtime import patches
+    from nbddp import patches
 
     patches.undo()

@@ -4,7 +4,7 @@ import types
 import pytest
 import torch
 
-from nbddp.runtime import patches
+from nbddp import patches
 from nbddp.errors import UsageError
 from nbddp.runtime import backend as backends
 from nbddp.fallback import models as hf_backend

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nbddp.runtime import patches
+from nbddp import patches
 from nbddp.errors import UsageError
 from nbddp.fallback import models as hf_backend
 from nbddp.runtime.memory import gradient_checkpointing

@@ -88,7 +88,7 @@ def named_bad_lines(monkeypatch):
     import datasets
     import datasets.load
 
-    from nbddp.runtime import patches
+    from nbddp import patches
     from nbddp.runtime.inputs import data
 
     for owner in (datasets, datasets.load):

@@ -1,4 +1,4 @@
-"""The patch registry (nbddp/runtime/patches.py): each change made once, all undone, the table complete."""
+"""The patch registry (nbddp/patches.py): each change made once, all undone, the table complete."""
 import builtins
 import os
 import re
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.runtime import patches
+from nbddp import patches
 
 RUNTIME = Path(patches.__file__).parent
 
@@ -134,7 +134,7 @@ def test_rank_0_names_the_active_patches_and_warns_outside_the_tested_versions(m
     monkeypatch.setattr(patches, "_version", {"transformers": "5.99.0", "torch": "2.13.0+cpu"}.get)
     patches.announce()
     out, err = capsys.readouterr()
-    assert out == ("nbddp: 2 patches of transformers for DDP (why: nbddp/runtime/patches.py; the names: -v, or the "
+    assert out == ("nbddp: 2 patches of transformers for DDP (why: nbddp/patches.py; the names: -v, or the "
                    "run's logs)\n")
     assert err.startswith("nbddp: details: patched: clone-model-loss, notebook-display\n")  # for the logs
     assert "transformers 5.99.0 is installed, and nbddp's patches of it (clone-model-loss) were tested on " \

@@ -8,9 +8,8 @@ import textwrap
 import pytest
 import torch
 
-from nbddp import runtime
+from nbddp import patches, runtime
 from nbddp.errors import UsageError
-from nbddp.runtime import patches
 from nbddp.runtime.inputs import flags
 from nbddp.runtime.context import DistributedContext
 

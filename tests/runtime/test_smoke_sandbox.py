@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nbddp.runtime import patches, smoke_sandbox
+from nbddp import patches
+from nbddp.runtime import smoke_sandbox
 from nbddp.runtime.context import DistributedContext
 
 REPO = Path(__file__).parents[2]

@@ -266,7 +266,7 @@ def test_files_missing_from_an_offline_hub_cache_get_a_line_saying_how_to_fetch_
 def test_a_rank_that_exits_by_itself_says_so_with_its_status_and_cell(tmp_path, monkeypatch, capsys):
     import builtins
 
-    from nbddp.runtime import patches
+    from nbddp import patches
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")

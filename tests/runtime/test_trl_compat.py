@@ -7,7 +7,7 @@ import torch
 from transformers import TrainingArguments
 from trl import DPOConfig, GRPOConfig, SFTConfig, SFTTrainer
 
-from nbddp.runtime import patches
+from nbddp import patches
 from nbddp.errors import UsageError
 from nbddp.runtime import backend as backends
 from nbddp.runtime.inputs import training_overrides

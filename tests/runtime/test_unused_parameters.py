@@ -25,7 +25,7 @@ import torch
 from datasets import Dataset
 from transformers import Trainer, TrainerCallback, TrainingArguments
 if sys.argv[2] == "unpatched":
-    from nbddp.runtime import patches
+    from nbddp import patches
     assert patches.is_patched(Trainer.__init__, "unused-tower-adapters")
     Trainer.__init__ = Trainer.__init__.__wrapped__
 model, processor = FastVisionModel.from_pretrained(sys.argv[1], load_in_4bit=False)

@@ -62,7 +62,7 @@ def register() -> None:
     """Wrap `datasets.load_dataset` (and `datasets.load.load_dataset`): see the module's docstring."""
     import datasets
     import datasets.load
-    from nbddp.runtime import patches
+    from nbddp import patches
 
     for owner in (datasets, datasets.load):
         patches.wrap("json-data-lines", owner, "load_dataset", _named_bad_lines)

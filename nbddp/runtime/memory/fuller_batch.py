@@ -27,15 +27,14 @@ import pyarrow.compute
 import torch
 import torch.distributed as dist
 
-from nbddp import log
-from nbddp.runtime import patches
+from nbddp import log, patches
+from nbddp.rank import is_main_process
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.batch_plan import BatchPlan
 from nbddp.runtime.memory.gradient_checkpointing import (capacity_gib, checkpointed_modules, real_unsloth_imported,
                                                          smallest_over_ranks, switch_back, switch_off)
 from nbddp.runtime.memory.gradient_checkpointing_check import FirstStepMemoryCheck, mode_not_in_force
 from nbddp.runtime.memory.memory_estimate import GIB, HEADROOM, estimate_peak, format_gib, shape_from_model
-from nbddp.runtime.rank import is_main_process
 
 # Tokens per micro batch from which a fuller one buys little more GPU efficiency, and cheaper recompute is worth
 # more: the 1.1B shape at 8 x 2048 ran 1.39x the tokens/s of 4 x 2048 (bench/results/batch_1b.json).

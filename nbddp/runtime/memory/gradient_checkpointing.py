@@ -27,12 +27,11 @@ import sys
 
 import torch
 
-from nbddp import log
+from nbddp import log, patches
 from nbddp.errors import UsageError
-from nbddp.runtime import patches
+from nbddp.rank import is_main_process
 from nbddp.runtime.memory.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
                                            format_gib, shape_from_model)
-from nbddp.runtime.rank import is_main_process
 
 PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
 UNSLOTH_MIN_OFFLOAD_SEQ = 512  # below this Unsloth recomputes as "true" (offloading is not worth it there)

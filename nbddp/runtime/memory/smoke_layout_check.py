@@ -21,9 +21,8 @@ import numpy
 import torch
 import torch.distributed as dist
 
-from nbddp import log
+from nbddp import log, patches
 from nbddp.formats import metrics, run_settings
-from nbddp.runtime import patches
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.reporting.metrics import MetricsCallback
 

@@ -21,8 +21,7 @@ import time
 from transformers import ProgressCallback
 from transformers import trainer as transformers_trainer
 
-from nbddp import log
-from nbddp.runtime import patches
+from nbddp import log, patches
 
 PATCH = "progress-and-metrics-callbacks"
 LINES = 10  # away from a terminal: a line at every tenth of max_steps

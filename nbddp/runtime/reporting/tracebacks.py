@@ -34,8 +34,8 @@ import sys
 import time
 import traceback
 
+from nbddp import patches
 from nbddp.errors import NbddpError
-from nbddp.runtime import patches
 from nbddp.formats.sourcemap import SourceMap, SourceMapError, sourcemap_path
 
 # (text of the exception, what to do): causes that DDP, or the machine a script is moved to, adds to a notebook.

@@ -15,7 +15,7 @@ same to the last bit: 6.3980 on both. Training is untouched.
 """
 import functools
 
-from nbddp.runtime import patches
+from nbddp import patches
 
 
 def patch_evaluation_loop(trainer_class) -> None:

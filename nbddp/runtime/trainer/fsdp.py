@@ -25,12 +25,11 @@ processes Trainer would train plain DDP without a word, so `--strategy fsdp` wit
 import functools
 import re
 
-from nbddp import log
+from nbddp import log, patches
 from nbddp.errors import UsageError
 from nbddp.formats.script_parameters import STRATEGIES
-from nbddp.runtime import patches
+from nbddp.rank import is_main_process
 from nbddp.runtime.inputs.flags import DEFAULT_TIMEOUT_S, TIMEOUT_VARIABLE
-from nbddp.runtime.rank import is_main_process
 from nbddp.runtime.trainer.optimizers import QUANTIZED_TORCH_UPDATE
 
 # this process's choice, the loaded model's decoder layers and whether it is 4-bit, whether the smoke run's note was

@@ -17,7 +17,7 @@ of the model's loss, an ordinary tensor that it may scale in place. Trainers tha
 import functools
 from collections.abc import Mapping
 
-from nbddp.runtime import patches
+from nbddp import patches
 
 
 def install() -> None:

@@ -47,12 +47,11 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import TrainerState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, TrainOutput
 
-from nbddp import log
+from nbddp import log, patches
 from nbddp.formats import checkpoint_markers, metrics
 from nbddp.errors import UsageError
-from nbddp.runtime import patches
+from nbddp.rank import is_main_process
 from nbddp.runtime.memory import batch_plan
-from nbddp.runtime.rank import is_main_process
 from nbddp.runtime.reporting.metrics import MetricsCallback
 from nbddp.runtime.trainer.finite_loss import NonFiniteLoss
 

@@ -24,8 +24,7 @@ Rank 0 prints one line saying which and why.
 """
 import functools
 
-from nbddp import log
-from nbddp.runtime import patches
+from nbddp import log, patches
 
 # a tower's config; a speech model's codec (Sesame's CSM: LoRA on `q_proj` also reaches its Mimi codec, which
 # encodes the audio without gradients)

@@ -5,7 +5,8 @@ Each patch has a name, what it changes, the library it changes, when it applies 
 version that made it necessary). The helpers change a thing once however often they are called, and record how to
 put it back: `undo()` restores everything, for tests. `announce()` gives rank 0 one line naming the active patches,
 and warns when an installed library is outside the versions they were tested on (TESTED: the two stacks of
-requirements.txt and requirements-notebooks.txt, and Unsloth's release on the GPU host).
+requirements.txt and requirements-notebooks.txt, and Unsloth's release on the GPU host). The runtime and the
+fallback (`nbddp.fallback`) both patch through it: it belongs to neither room.
 
 What can be a callback is one (metrics, progress, checkpoint markers, the first-step memory check). The rest are
 patches because Transformers has no hook for them: callbacks see a Trainer's events, not its loss computation, its
@@ -38,7 +39,7 @@ PATCHES = {
     "clone-model-loss": Patch(
         "transformers.Trainer.compute_loss", "transformers", "unsloth backend",
         "unslothai/unsloth#3452: Trainer scales the loss in place on N processes, which autograd refuses for the "
-        "view Unsloth's fused cross-entropy returns (trainer.trainer_patches)"),
+        "view Unsloth's fused cross-entropy returns (runtime.trainer.trainer_patches)"),
     "trl-unsloth-arguments": Patch(
         "__init__ of TRL's SFT, GRPO, DPO and ORPO trainers", "trl", "hf backend",
         "TRL 0.13 moved dataset_text_field=, max_seq_length=, beta=, tokenizer= into the configs; importing Unsloth "
@@ -67,80 +68,80 @@ PATCHES = {
     "fsdp-gather-adapter": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS", "transformers", "--strategy fsdp",
         "the notebook's save_pretrained runs on the main process alone and cannot gather FSDP's shards: every rank "
-        "gathers the LoRA weights at the end of training (trainer.fsdp)"),
+        "gathers the LoRA weights at the end of training (runtime.trainer.fsdp)"),
     "fsdp-gathered-save": Patch(
         "peft.PeftModel.save_pretrained", "peft", "--strategy fsdp",
-        "writes those gathered weights rather than this rank's shards (trainer.fsdp)"),
+        "writes those gathered weights rather than this rank's shards (runtime.trainer.fsdp)"),
     "fsdp1-adapter-names": Patch(
         "peft.tuners.tuners_utils._get_tuner_state_dict_key_prefixes", "peft", "--strategy fsdp",
         "PEFT 0.21 picks an adapter's weights by module names and drops only a leading FSDP1 wrapper segment: with "
         "decoder layers in FSDP1 units of their own, every adapter save (the notebook's, Trainer's checkpoints) "
-        "was empty and a resume restored nothing (trainer.fsdp)"),
+        "was empty and a resume restored nothing (runtime.trainer.fsdp)"),
     "fsdp1-adapter-load": Patch(
         "peft.set_peft_model_state_dict", "peft", "--strategy fsdp",
         "PEFT 0.21 tells a PeftModel by its parameter names, which an FSDP1 unit's flat parameter lacks: it cut "
         "`base_model.model.` off the keys of the checkpoint accelerate loads on resume, and loaded nothing "
-        "(trainer.fsdp)"),
+        "(runtime.trainer.fsdp)"),
     "unsloth-fallback-module": Patch(
         'sys.modules["unsloth"], ["unsloth.chat_templates"], ["unsloth.trainer"], ["unsloth.dataprep"], '
         '["unsloth_zoo.utils"], ["unsloth_zoo"]', "python",
         "hf backend",
         "Unsloth needs a CUDA GPU: the notebooks' `from unsloth import ...` gets the Transformers+PEFT fallback "
-        "(backend)"),
+        "(runtime.backend)"),
     "gradient-checkpointing-choice": Patch(
         "transformers.Trainer.__init__", "transformers", "every run",
         "the trainer honours the gradient checkpointing nbddp chose for the model, and checks its first step's "
-        "memory (memory.gradient_checkpointing)"),
+        "memory (runtime.memory.gradient_checkpointing)"),
     "unused-tower-adapters": Patch(
         "transformers.Trainer.__init__", "transformers", "every run",
         "a multimodal model's tower adapters get no gradient, which stops DDP; static graphs fail under no_sync() "
-        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters (trainer.unused_parameters)"),
+        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters (runtime.trainer.unused_parameters)"),
     "batch-layout-at-train": Patch(
         "transformers.Trainer.train", "transformers", "every run",
-        "--batch_layout auto lays out the batch once the trainer knows its model and data (memory.fuller_batch)"),
+        "--batch_layout auto lays out the batch once the trainer knows its model and data (runtime.memory.fuller_batch)"),
     "layout-check-in-smoke": Patch(
         "transformers.Trainer.train", "transformers", "smoke runs",
         "the smoke run trains its steps in the notebook's layout and again in the fuller one, from one model load "
-        "(memory.smoke_layout_check)"),
+        "(runtime.memory.smoke_layout_check)"),
     "one-process-eval-loss": Patch(
         "transformers.Trainer.evaluation_loop", "transformers", "every run",
-        "the held-out loss of N processes is the loss of 1, whatever the padding (trainer.eval_loss)"),
+        "the held-out loss of N processes is the loss of 1, whatever the padding (runtime.trainer.eval_loss)"),
     "progress-and-metrics-callbacks": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS, CallbackHandler.add_callback", "transformers", "every run",
         "every Trainer shows rank 0's progress, and nbddp's metrics reach the reporting callbacks, which "
-        "Transformers calls first (reporting.progress, trainer.trainer_patches)"),
+        "Transformers calls first (runtime.reporting.progress, trainer.trainer_patches)"),
     "finite-loss": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS", "transformers", "every run",
         "Trainer trains on after a NaN or infinite loss and logs a finite one in its place (logging_nan_inf_filter): "
-        "the run stops at that step (trainer.finite_loss)"),
+        "the run stops at that step (runtime.trainer.finite_loss)"),
     "checkpoint-markers": Patch(
         "transformers.trainer.DEFAULT_CALLBACKS, Trainer._get_output_dir, .train, ._save_checkpoint",
         "transformers", "every run",
-        "a checkpoint is resumed from only once every rank finished writing it (trainer.training_checkpoints)"),
+        "a checkpoint is resumed from only once every rank finished writing it (runtime.trainer.training_checkpoints)"),
     "json-data-lines": Patch(
         "datasets.load_dataset", "datasets", "every run",
         "load_dataset('json') fails on a line that is no JSON object without naming the file or the line "
-        "(inputs.data)"),
+        "(runtime.inputs.data)"),
     "smoke-sandbox": Patch(
         "save_pretrained, push_to_hub, from_pretrained, torch.save/load, savefig, save_to_disk/load_from_disk",
         "transformers", "smoke runs",
-        "the smoke run writes into its own folder and pushes nothing (smoke_sandbox)"),
+        "the smoke run writes into its own folder and pushes nothing (runtime.smoke_sandbox)"),
     "notebook-display": Patch(
         "builtins.display", "python", "a script",
-        "cells call IPython's builtin display() bare, which a script lacks (reporting.script_display)"),
+        "cells call IPython's builtin display() bare, which a script lacks (runtime.reporting.script_display)"),
     "cell-tracebacks": Patch(
         "sys.excepthook", "python", "a script",
-        "a traceback also names the notebook cell its line came from (reporting.tracebacks)"),
+        "a traceback also names the notebook cell its line came from (runtime.reporting.tracebacks)"),
     "rank-exits": Patch(
         "sys.exit, builtins.exit, builtins.quit", "python", "a script",
         "a rank that ends itself says where, and ends before finalization, which waited for gloo's threads until "
-        "torchrun stopped it as if another rank had failed first (reporting.tracebacks)"),
+        "torchrun stopped it as if another rank had failed first (runtime.reporting.tracebacks)"),
     "accelerate-use-cpu": Patch(
         "os.environ['ACCELERATE_USE_CPU']", "accelerate", "CPU runs",
-        "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone (context)"),
+        "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone (runtime.context)"),
     "indexed-cpu-storage": Patch(
         "torch.serialization's location tags", "torch", "CPU runs",
-        "accelerate gives CPU ranks the device cpu:0, which torch.load cannot restore when resuming (context)"),
+        "accelerate gives CPU ranks the device cpu:0, which torch.load cannot restore when resuming (runtime.context)"),
 }
 
 # The versions the patches were tested on, inclusive (major.minor), per library they patch.
@@ -248,7 +249,7 @@ def announce() -> None:
         return
     libraries = sorted({PATCHES[name].library for name in _active} - {"python"})
     log.info(f"nbddp: {len(_active)} patches of {', '.join(libraries) or 'Python'} for DDP (why: "
-             "nbddp/runtime/patches.py; the names: -v, or the run's logs)")
+             "nbddp/patches.py; the names: -v, or the run's logs)")
     log.detail(f"patched: {', '.join(_active)}")
     for library, (low, high) in TESTED.items():
         installed = _version(library)
@@ -272,7 +273,7 @@ def tested_range(library: str) -> str:
 
 def _check(patch: str) -> None:
     if patch not in PATCHES:
-        raise KeyError(f"{patch!r} is not in nbddp.runtime.patches.PATCHES: add it to the table, with why")
+        raise KeyError(f"{patch!r} is not in nbddp.patches.PATCHES: add it to the table, with why")
 
 
 def _within(installed: str, low: str, high: str) -> bool:
