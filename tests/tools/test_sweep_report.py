@@ -88,7 +88,7 @@ def test_limit_names_what_the_sandbox_lacks_and_nothing_for_nbddps_own_failures(
     assert limit('AssertionError: 5.17.0 (`assert transformers.__version__ == "5.15.0", transformers.__version__`) '
                  "[01_nb.ipynb, cell 8, line 6]") == "transformers 5.15.0 (the exact version the notebook asserts)"
     assert limit("nbddp.errors.UsageError: unsloth.dataprep.SyntheticDataKit serves the model with vLLM (a CUDA GPU) to "
-                 "generate question-answer pairs ...") == "a GPU"  # the fallback's refusal (hf_dataprep)
+                 "generate question-answer pairs ...") == "a GPU"  # the fallback's refusal (fallback/dataprep.py)
     assert limit("AssertionError: expected 3 rows [01_nb.ipynb, cell 8, line 6]") is None
     assert limit("ModuleNotFoundError: No module named 'nbddp.runtime.oops'") is None
     assert limit("KeyError: 0 [01_nb.ipynb, cell 3, line 1]") is None and limit(None) is None

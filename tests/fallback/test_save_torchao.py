@@ -8,7 +8,7 @@ import torch
 
 from nbddp.errors import UsageError
 from nbddp.fallback.models import FastLanguageModel
-from tests.runtime.test_hf_saving import BATCH, logits, trained, tiny_model_path  # noqa: F401 (fixtures)
+from tests.fallback.test_save import BATCH, logits, trained, tiny_model_path  # noqa: F401 (fixtures)
 from tests.runtime.test_smoke_sandbox import SAVED_THERE, no_network, project, smoke_run  # noqa: F401 (fixtures)
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
