@@ -74,7 +74,7 @@ ddp = runtime.setup(globals())
 
 # %% 01_data_prep.ipynb cell 5
 from transformers import AutoTokenizer
-from nbddp.runtime.inputs.models import require_model
+from nbddp.model_names import require_model
 
 require_model(model_name)
 tokenizer = AutoTokenizer.from_pretrained(model_name)

@@ -50,7 +50,7 @@ eval_rows = 200  # rows held out for the evaluation loss
 
 # %%
 from transformers import AutoTokenizer
-from nbddp.runtime.inputs.models import require_model
+from nbddp.model_names import require_model
 
 require_model(model_name)
 tokenizer = AutoTokenizer.from_pretrained(model_name)

@@ -30,8 +30,8 @@ import torch
 from nbddp import log
 from nbddp.errors import UsageError
 from nbddp.fallback import chat_templates, qat, rl_environments, save  # chat_templates: `unsloth.chat_templates`
+from nbddp.model_names import require_model
 from nbddp.rank import is_main_process
-from nbddp.runtime.inputs.models import require_model
 from nbddp.runtime.memory.gradient_checkpointing import peft_mode
 from nbddp.runtime.trainer import fsdp
 

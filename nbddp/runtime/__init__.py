@@ -12,9 +12,9 @@ only after Unsloth, or (hf backend) when `setup` patches TRL (see `backend`).
 The rooms: `context` (the `ddp.` facade) and what it uses directly (`once_per_machine`, `started_processes`,
 `working_directory`, `smoke_sandbox`); `backend` (real Unsloth or the Transformers+PEFT fallback, `nbddp.fallback`);
 `trainer` (what every Trainer gets under DDP); `memory` (batch layout, memory estimate, gradient checkpointing);
-`inputs` (flags, `--set`, data, model names, output folders); `reporting` (metrics, progress, heartbeats,
-tracebacks). What the runtime shares with the fallback is nbddp's, beside the rooms: `nbddp.patches` (every change
-to other libraries, with why), `nbddp.rank`.
+`inputs` (flags, `--set`, data, output folders); `reporting` (metrics, progress, heartbeats, tracebacks). What the
+runtime shares with the fallback is nbddp's, beside the rooms: `nbddp.patches` (every change to other libraries,
+with why), `nbddp.rank`, `nbddp.model_names` (`require_model`).
 """
 import builtins
 import importlib
@@ -31,10 +31,12 @@ from nbddp.formats.script_parameters import BACKEND, BATCH_LAYOUT, RESUME, STRAT
 __all__ = ["setup"]
 
 # The runtime's modules that notebooks import, at the paths they had before the runtime was grouped into rooms:
-# notebooks made by `nbddp new` until then import them there.
+# notebooks made by `nbddp new` until then import them there. require_model's module moved on, out of the runtime:
+# the fallback's from_pretrained calls it too.
 MOVED = {
     "nbddp.runtime.data": "nbddp.runtime.inputs.data",
-    "nbddp.runtime.models": "nbddp.runtime.inputs.models",
+    "nbddp.runtime.models": "nbddp.model_names",
+    "nbddp.runtime.inputs.models": "nbddp.model_names",
     "nbddp.runtime.tiny_model": "nbddp.examples.tiny_model",
     "nbddp.runtime.backends.tiny_model": "nbddp.examples.tiny_model",
     "nbddp.runtime.checkpointing": "nbddp.runtime.memory.gradient_checkpointing",

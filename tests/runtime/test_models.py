@@ -6,7 +6,7 @@ from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
 from nbddp.errors import UsageError
 from nbddp.fallback import models as hf_backend
-from nbddp.runtime.inputs.models import require_model
+from nbddp.model_names import require_model
 
 
 @pytest.fixture

@@ -1,1 +1,2 @@
-"""The script's inputs, checked before work: flags, --set, data, model names, output folders."""
+"""The script's inputs, checked before work: flags, --set, data, output folders (model names: nbddp.model_names,
+shared with the fallback)."""

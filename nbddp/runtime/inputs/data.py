@@ -24,7 +24,7 @@ import json
 from pathlib import Path
 
 from nbddp.errors import DataError
-from nbddp.runtime.inputs.near_miss import closest_sibling
+from nbddp.near_miss import closest_sibling
 
 
 def require_file(path: str) -> None:

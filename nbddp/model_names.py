@@ -1,6 +1,7 @@
-"""Is a model name something `from_pretrained` can load here? Checked before Transformers or Unsloth try.
+"""Is a model name something `from_pretrained` can load here? Checked before Transformers or Unsloth try, by the
+notebooks and by the fallback's `from_pretrained`: nbddp's, shared by the runtime and the fallback.
 
-    from nbddp.runtime.inputs.models import require_model
+    from nbddp.model_names import require_model
     require_model(model_name)  # UsageError: model 'models/tyny-llama': no such directory (did you mean ...?)
 
 Transformers' own answer to a mistyped local path or an unreachable Hub comes after about 45 s of
@@ -11,7 +12,7 @@ answers for it (one metadata request, no retries); then `from_pretrained` downlo
 from pathlib import Path
 
 from nbddp.errors import UsageError
-from nbddp.runtime.inputs.near_miss import closest_sibling
+from nbddp.near_miss import closest_sibling
 
 MODEL_FILES = ("config.json", "adapter_config.json")  # a saved model, or a LoRA adapter (Unsloth loads both)
 HUB_TIMEOUT_S = 10  # the one metadata request to the Hub
