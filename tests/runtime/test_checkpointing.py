@@ -10,13 +10,12 @@ import torch
 from nbddp import patches
 from nbddp.errors import UsageError
 from nbddp.fallback import models as hf_backend
+from nbddp.gradient_checkpointing_modes import parse_mode, peft_mode
 from nbddp.runtime.memory import gradient_checkpointing
 from nbddp.runtime.memory.gradient_checkpointing import (
     CheckpointingChoice,
     choose_gradient_checkpointing,
     decide,
-    parse_mode,
-    peft_mode,
 )
 from nbddp.runtime.memory.memory_estimate import MODES, estimate_peak, shape_from_config
 

@@ -1,7 +1,7 @@
 """Gradient checkpointing chosen from memory, not habit: the notebooks' `use_gradient_checkpointing`.
 
 The parameter is a string, so that flags (`--use_gradient_checkpointing false`) and papermill carry every value
-as typed; it is read here and nowhere else:
+as typed; `nbddp.gradient_checkpointing_modes` reads it, for this module and the fallback's `get_peft_model`:
 
     "auto"     the cheapest mode whose estimated peak memory fits this GPU; off on a CPU
     "false"    no recompute: the fastest, the most activation memory
@@ -28,41 +28,16 @@ import sys
 import torch
 
 from nbddp import log, patches
-from nbddp.errors import UsageError
+from nbddp.gradient_checkpointing_modes import parse_mode
 from nbddp.rank import is_main_process
 from nbddp.runtime.memory.memory_estimate import (GIB, HEADROOM, MODES, ModelShape, cheapest_fitting, estimate_peak,
                                            format_gib, shape_from_model)
 
-PARAMETER_VALUES = ("auto", "unsloth", "true", "false")
 UNSLOTH_MIN_OFFLOAD_SEQ = 512  # below this Unsloth recomputes as "true" (offloading is not worth it there)
 _UNSLOTH_VALUES = {"off": False, "true": True, "unsloth": "unsloth"}  # what Unsloth's get_peft_model takes
 # Where Unsloth's get_peft_model records the mode on the model (unsloth 2026.10.9, models/llama.py patch_peft_model);
 # its trainers' train() re-applies it to every layer through for_training (models/rl.py prepare_for_training_mode).
 UNSLOTH_RECORDED_MODE = "_unsloth_gradient_checkpointing"
-
-
-def parse_mode(value) -> str:
-    """"auto", "off", "true" or "unsloth" for a parameter value (a string in any case, or a bool)."""
-    if isinstance(value, bool):
-        return "true" if value else "off"
-    word = value.strip().lower() if isinstance(value, str) else None
-    if word in ("auto", "unsloth", "true"):
-        return word
-    if word == "false":
-        return "off"
-    raise UsageError(f"--use_gradient_checkpointing must be one of {', '.join(PARAMETER_VALUES)}, not {value!r}")
-
-
-def peft_mode(value) -> str:
-    """The mode for a `get_peft_model(use_gradient_checkpointing=value)` call: "off", "true" or "unsloth"."""
-    mode = parse_mode(value)
-    if mode == "auto":
-        raise UsageError(
-            "use_gradient_checkpointing='auto' depends on the batch, which get_peft_model does not know: pass "
-            "nbddp.runtime.memory.gradient_checkpointing.choose_gradient_checkpointing(...)'s result to get_peft_model "
-            "instead"
-        )
-    return mode
 
 
 @dataclasses.dataclass(frozen=True)
