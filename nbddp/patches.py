@@ -95,10 +95,12 @@ PATCHES = {
     "unused-tower-adapters": Patch(
         "transformers.Trainer.__init__", "transformers", "every run",
         "a multimodal model's tower adapters get no gradient, which stops DDP; static graphs fail under no_sync() "
-        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters (runtime.trainer.unused_parameters)"),
+        "(pytorch/pytorch#143580), so gradient accumulation needs find_unused_parameters "
+        "(runtime.trainer.unused_parameters)"),
     "batch-layout-at-train": Patch(
         "transformers.Trainer.train", "transformers", "every run",
-        "--batch_layout auto lays out the batch once the trainer knows its model and data (runtime.memory.fuller_batch)"),
+        "--batch_layout auto lays out the batch once the trainer knows its model and data "
+        "(runtime.memory.fuller_batch)"),
     "layout-check-in-smoke": Patch(
         "transformers.Trainer.train", "transformers", "smoke runs",
         "the smoke run trains its steps in the notebook's layout and again in the fuller one, from one model load "
@@ -138,7 +140,8 @@ PATCHES = {
         "torchrun stopped it as if another rank had failed first (runtime.reporting.tracebacks)"),
     "accelerate-use-cpu": Patch(
         "os.environ['ACCELERATE_USE_CPU']", "accelerate", "CPU runs",
-        "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone (runtime.context)"),
+        "accelerate runs DDP over gloo only when told it is a CPU run; otherwise each rank trains alone "
+        "(runtime.context)"),
     "indexed-cpu-storage": Patch(
         "torch.serialization's location tags", "torch", "CPU runs",
         "accelerate gives CPU ranks the device cpu:0, which torch.load cannot restore when resuming (runtime.context)"),
