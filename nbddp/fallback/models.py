@@ -29,11 +29,11 @@ import torch
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.fallback import chat_templates, qat, rl_environments, save  # chat_templates: `unsloth.chat_templates`
+# chat_templates: `unsloth.chat_templates`
+from nbddp.fallback import chat_templates, fsdp, qat, rl_environments, save
 from nbddp.gradient_checkpointing_modes import peft_mode
 from nbddp.model_names import require_model
 from nbddp.rank import is_main_process
-from nbddp.runtime.trainer import fsdp
 
 DEFAULT_TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -39,9 +39,8 @@ import torch
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.fallback import qat
+from nbddp.fallback import fsdp, qat
 from nbddp.rank import is_main_process
-from nbddp.runtime.trainer import fsdp
 
 EXECUTORCH_MODEL_TYPES = {"llama", "qwen2", "qwen3", "qwen3_5", "qwen3_5_text", "phi3", "lfm2"}  # export_llm's
 EXECUTORCH_CONFIG = "executorch_export_config.yaml"

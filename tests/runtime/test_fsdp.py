@@ -1,5 +1,5 @@
-"""--strategy fsdp (nbddp/runtime/trainer/fsdp.py): the choice, the training arguments it sets, and the adapter it
-gathers from shards and saves once.
+"""--strategy fsdp (nbddp/runtime/trainer/fsdp.py; loading and saving: nbddp/fallback/fsdp.py): the choice, the
+training arguments it sets, and the adapter it gathers from shards and saves once.
 
 Transformers' Trainer runs FSDP only on GPUs (accelerate), so its FSDP training is tested on the GPU host
 (bench/fsdp_gpu.sh). Here, on 2 gloo processes, torch's FSDP2 shards a tiny PEFT model by hand, as accelerate
@@ -17,18 +17,20 @@ from unittest import mock
 import pytest
 
 from nbddp.errors import UsageError
+from nbddp.fallback import fsdp as fallback_fsdp
 from nbddp.runtime.trainer import fsdp
 
 
 @pytest.fixture
 def strategy_restored():
     yield
-    fsdp._chosen.update(strategy="ddp", layers=(), quantized=False, noted=False, optimizers_said=set())
+    fallback_fsdp._chosen.update(strategy="ddp", layers=(), quantized=False)
+    fsdp._said.update(noted=False, optimizers_said=set())
 
 
 def test_ddp_keeps_the_backend_and_fsdp_takes_the_fallback(strategy_restored):
-    assert fsdp.choose("ddp", "unsloth", on_gpu=True) == ("ddp", "unsloth") and not fsdp.active()
-    assert fsdp.choose("fsdp", "auto", on_gpu=True) == ("fsdp", "hf") and fsdp.active()
+    assert fsdp.choose("ddp", "unsloth", on_gpu=True) == ("ddp", "unsloth") and not fallback_fsdp.active()
+    assert fsdp.choose("fsdp", "auto", on_gpu=True) == ("fsdp", "hf") and fallback_fsdp.active()
 
 
 @pytest.mark.parametrize("requested, backend, on_gpu, message", [
@@ -45,7 +47,7 @@ def test_fsdp2_each_decoder_layer_and_the_notebooks_own_settings_win(strategy_re
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # under torchrun
-    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
     kwargs = fsdp.training_kwargs({"learning_rate": 2e-4, "gradient_checkpointing": True})
     assert kwargs["fsdp"] in (True, "full_shard auto_wrap") and kwargs["learning_rate"] == 2e-4
     assert kwargs["fsdp_config"] == {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -64,7 +66,7 @@ def test_this_transformers_shards_as_the_option_string_says_without_deprecation(
     from transformers import TrainingArguments
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",), quantized=quantized)
+    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",), quantized=quantized)
     kwargs = fsdp.training_kwargs({"output_dir": "out", "use_cpu": True, "report_to": []})
     assert kwargs["fsdp_config"]["version"] == version
     string_form = {**kwargs, "fsdp": "full_shard auto_wrap", "fsdp_config": dict(kwargs["fsdp_config"])}
@@ -97,7 +99,7 @@ def test_a_quantized_optimizer_becomes_torchs_of_the_same_update(strategy_restor
     assert set(QUANTIZED_TORCH_UPDATE.values()) - {None} <= {o.value for o in OptimizerNames}
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
-    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
     assert fsdp.training_kwargs({"optim": "adamw_8bit"})["optim"] == "adamw_torch"
     assert fsdp.training_kwargs({"optim": OptimizerNames.ADAMW_8BIT})["optim"] == "adamw_torch"
     assert fsdp.training_kwargs({"optim": "rmsprop_bnb_8bit"})["optim"] == "rmsprop"
@@ -114,24 +116,25 @@ def test_a_smoke_run_outside_torchrun_trains_as_written(strategy_restored, monke
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
     assert fsdp.training_kwargs({"learning_rate": 2e-4}) == {"learning_rate": 2e-4}
 
 
 def test_an_8bit_model_is_refused_saying_why(strategy_restored):
     with pytest.raises(UsageError, match=r"--strategy fsdp with load_in_8bit=True \(unsloth/x\): .*4-bit ones "
                                          r"\(QLoRA, under FSDP1\).*or --strategy ddp"):
-        fsdp.refuse_8bit("unsloth/x")
+        fallback_fsdp.refuse_8bit("unsloth/x")
 
 
 def test_a_4bit_model_is_sharded_by_fsdp1_with_flat_parameters(strategy_restored, monkeypatch):
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    fsdp._chosen.update(strategy="fsdp")
-    fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"]))
+    fallback_fsdp._chosen.update(strategy="fsdp")
+    fallback_fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"]))
     assert fsdp.training_kwargs({})["fsdp_config"]["version"] == 2
-    fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"], hf_quantizer=object()))  # bnb's
+    fallback_fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"],
+                                                 hf_quantizer=object()))  # bnb's
     assert fsdp.training_kwargs({})["fsdp_config"] == {
         "version": 1, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "state_dict_type": "FULL_STATE_DICT",
         "transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"], "use_orig_params": False,
@@ -159,14 +162,15 @@ def test_a_checkpoint_saved_in_4_bits_is_loaded_from_its_base(tmp_path, capsys, 
 
     base = _checkpoint(tmp_path / "tiny")
     packed = _checkpoint(tmp_path / "tiny-bnb-4bit", PREQUANTIZED)
-    assert fsdp.shardable_checkpoint(packed, False, torch.bfloat16) == (base, True)
+    assert fallback_fsdp.shardable_checkpoint(packed, False, torch.bfloat16) == (base, True)
     assert f"loading {base} and quantizing it as it loads" in capsys.readouterr().out
-    assert fsdp.shardable_checkpoint(base, True, torch.bfloat16) == (base, True)  # quantized as it loads anyway
-    monkeypatch.setattr(fsdp, "is_main_process", lambda: False)  # said by the main process alone
-    assert fsdp.shardable_checkpoint(packed, True, torch.bfloat16) == (base, True)
+    assert fallback_fsdp.shardable_checkpoint(base, True,
+                                              torch.bfloat16) == (base, True)  # quantized as it loads anyway
+    monkeypatch.setattr(fallback_fsdp, "is_main_process", lambda: False)  # said by the main process alone
+    assert fallback_fsdp.shardable_checkpoint(packed, True, torch.bfloat16) == (base, True)
     assert capsys.readouterr().out == ""
     stored_alike = _checkpoint(tmp_path / "alike-bnb-4bit", {**PREQUANTIZED, "bnb_4bit_quant_storage": "bfloat16"})
-    assert fsdp.shardable_checkpoint(stored_alike, False, torch.bfloat16) == (stored_alike, True)
+    assert fallback_fsdp.shardable_checkpoint(stored_alike, False, torch.bfloat16) == (stored_alike, True)
 
 
 @pytest.mark.parametrize("name, quantization, message", [
@@ -178,7 +182,7 @@ def test_a_quantized_checkpoint_fsdp_cannot_shard_is_refused(tmp_path, name, qua
     import torch
 
     with pytest.raises(UsageError, match=message):
-        fsdp.shardable_checkpoint(_checkpoint(tmp_path / name, quantization), True, torch.bfloat16)
+        fallback_fsdp.shardable_checkpoint(_checkpoint(tmp_path / name, quantization), True, torch.bfloat16)
 
 
 def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, strategy_restored):
@@ -187,7 +191,7 @@ def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, str
     from nbddp.fallback.models import FastLanguageModel
     from nbddp.examples.tiny_model import ensure_weights
 
-    fsdp._chosen.update(strategy="fsdp")
+    fallback_fsdp._chosen.update(strategy="fsdp")
     with pytest.raises(UsageError, match=r"--strategy fsdp with full_finetuning=True .* Train LoRA .* --strategy ddp"):
         FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
                                           load_in_4bit=False, full_finetuning=True)
@@ -213,7 +217,7 @@ def test_a_merge_the_checkpoint_cannot_give_is_refused(tiny_llama_dir, model_cac
         peft_model.get_base_model().name_or_path = _checkpoint(tmp_path / "stored-bnb-4bit", PREQUANTIZED)
     peft_model.nbddp_gathered = {"a": torch.zeros(1)}  # as at the end of training
     with pytest.raises(UsageError, match=message):
-        fsdp.merged_in_one_process(peft_model, torch.bfloat16)
+        fallback_fsdp.merged_in_one_process(peft_model, torch.bfloat16)
 
 
 def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir, model_cache, strategy_restored,
@@ -230,12 +234,12 @@ def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir,
         raise AssertionError("prepare_model_for_kbit_training under FSDP")
 
     monkeypatch.setattr(peft, "prepare_model_for_kbit_training", cast)
-    fsdp._chosen.update(strategy="fsdp")
+    fallback_fsdp._chosen.update(strategy="fsdp")
     model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
                                                  load_in_4bit=False)
     model.hf_quantizer = object()  # as a bitsandbytes model has (bitsandbytes itself needs CUDA)
     FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
-    fsdp._chosen.update(strategy="ddp")
+    fallback_fsdp._chosen.update(strategy="ddp")
     with pytest.raises(AssertionError, match="under FSDP"):
         FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
 
@@ -253,7 +257,7 @@ def test_the_training_arguments_take_them(strategy_restored, monkeypatch):
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # under torchrun
 
-    fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
     arguments = TrainingArguments(output_dir="unused", report_to="none", use_cpu=True,
                                   **fsdp.training_kwargs({"gradient_checkpointing": True}))
     assert arguments.fsdp and arguments.fsdp_config["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]

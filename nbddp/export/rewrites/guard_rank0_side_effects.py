@@ -38,7 +38,7 @@ SAVE_PREFIXES = ("save_pretrained", "push_to_hub", "save_lora")  # save_lora: Un
 TRACKERS = frozenset({"wandb", "mlflow", "trackio"})
 STARTS_A_RUN = {"init", "start_run"}  # wandb.init, trackio.init, mlflow.start_run
 # Unsloth's saves that merge the LoRA into the base weights (unless save_method="lora") and that convert to GGUF:
-# under --strategy fsdp the runtime merges in one process (runtime.trainer.fsdp.merged_in_one_process) and the
+# under --strategy fsdp the fallback merges in one process (nbddp.fallback.fsdp.merged_in_one_process) and the
 # Transformers+PEFT path it trains on has no GGUF converter (nbddp.fallback.save)
 MERGED_SAVES = frozenset({"save_pretrained_merged", "push_to_hub_merged", "save_pretrained_torchao"})
 GGUF_SAVES = frozenset({"save_pretrained_gguf", "push_to_hub_gguf"})

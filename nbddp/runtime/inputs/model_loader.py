@@ -13,7 +13,7 @@ from dataclasses import dataclass
 LOADERS = ("FastLanguageModel", "FastModel", "FastVisionModel")
 POSITIONS = ("model_name", "max_seq_length", "dtype", "load_in_4bit", "load_in_8bit")  # Unsloth's from_pretrained
 # the arguments that size the model, with Unsloth's defaults (dtype does not: 16-bit training either way), and
-# full_finetuning, which FSDP refuses (runtime.trainer.fsdp.refuse_full_finetuning)
+# full_finetuning, which FSDP refuses (nbddp.fallback.fsdp.refuse_full_finetuning)
 LOADER_ARGUMENTS = {"model_name": None, "max_seq_length": 2048, "load_in_4bit": True, "load_in_8bit": False,
                     "full_finetuning": False}
 LORA_R = 16  # get_peft_model's default r

@@ -5,10 +5,10 @@ model exists: from the model the script will load (`inputs.model_loader`: its fi
 from the script's source), that model's config.json (a local folder, or the Hugging Face cache: nothing is
 downloaded), and the memory estimate (`memory.memory_estimate`: the cheapest gradient checkpointing mode that fits
 `HEADROOM` of the GPU's total memory). DDP without a GPU (accelerate runs FSDP only on GPUs), with one process
-(FSDP has nothing to shard across), with `--backend unsloth`, for full finetuning (`fsdp.refuse_full_finetuning`),
-and whenever the model is not known before the cells run. An 8-bit model that does not fit stays on DDP with a
-warning: FSDP refuses those (`fsdp.refuse_8bit`); a 4-bit one (QLoRA) is sharded with FSDP1. The choice and its
-numbers are one line of rank 0's (`describe`).
+(FSDP has nothing to shard across), with `--backend unsloth`, for full finetuning
+(`fallback.fsdp.refuse_full_finetuning`), and whenever the model is not known before the cells run. An 8-bit model
+that does not fit stays on DDP with a warning: FSDP refuses those (`fallback.fsdp.refuse_8bit`); a 4-bit one (QLoRA)
+is sharded with FSDP1. The choice and its numbers are one line of rank 0's (`describe`).
 """
 import json
 from dataclasses import dataclass
