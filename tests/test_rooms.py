@@ -90,3 +90,12 @@ def test_no_module_imports_another_modules_private_names():
                     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                     and node.value.id in aliases and node.attr.startswith("_") and not node.attr.startswith("__")]
     assert private == []
+
+
+def test_the_fallback_imports_nothing_of_the_runtime():
+    # The arrows go one way: the runtime chooses and activates the fallback (runtime/backend.py); the fallback, a
+    # library of its own, uses only nbddp's shared modules (patches, rank, model_names, ...), inside functions too.
+    modules = nbddp_modules()
+    back = sorted(f"{name} -> {module}" for name, tree in modules.items() if name.startswith("nbddp.fallback")
+                  for module in imported(modules, tree) if module.startswith("nbddp.runtime"))
+    assert back == []
