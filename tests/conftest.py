@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+# One thread a process: xdist's workers share the cores, and each test's children (papermill kernels, torchrun's
+# ranks) run beside the other worker's, so a thread a core in every process oversubscribes them (PyTorch's CPU
+# threads then wait on each other). Measured on 2 cores: 17 e2e tests, 128 s with PyTorch's default, 80 s with this
+# (tests/TIMINGS.md). torchrun sets the same for its ranks when it starts more than one; a value set already wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 def names_single_tests(config):
     """The command line names tests (`path::name`), not files, folders or the whole suite."""
     return bool(config.args) and all("::" in arg for arg in config.args)
