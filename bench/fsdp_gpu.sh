@@ -9,12 +9,13 @@
 #    then a second run given only its checkpoint-5 as a run stopped after step 5 leaves it (marked complete), with
 #    --resume true (<name>_resumed): its steps 6-10 against the uninterrupted run's;
 # 5b. fsdp_qlora_prequantized: the tiny Llama saved in 4 bits (uint8 storage, as unsloth/*-bnb-4bit are) beside its
-#    base: --strategy fsdp loads the base instead and quantizes it as it loads (fsdp.shardable_checkpoint);
+#    base: --strategy fsdp loads the base instead and quantizes it as it loads
+#    (nbddp.fallback.fsdp.shardable_checkpoint);
 # 6. auto_fits: --strategy auto (the default) on the tiny model: rank 0's line says ddp, and why.
 # 7. fsdp_merged_qlora, fsdp_merged_bf16: the Unsloth-style fixture notebook (tests/fixtures/unsloth_style) with its
 #    `save_pretrained_merged(..., "merged_16bit")` line switched on (and load_in_4bit = False for bf16), exported and
-#    trained under --strategy fsdp: its merged save (fsdp.merged_in_one_process) against plain PEFT merging the
-#    adapter the notebook saved into the 16-bit base, and against the base.
+#    trained under --strategy fsdp: its merged save (nbddp.fallback.fsdp.merged_in_one_process) against plain PEFT
+#    merging the adapter the notebook saved into the 16-bit base, and against the base.
 # Results: $OUT/log and $OUT/fsdp_gpu.json (per run: exit status, losses, tokens/s, peak memory).
 set -o pipefail
 source bench/gpu_site.sh
