@@ -5,6 +5,9 @@ step, do the GPUs compute longer (slower kernels), wait inside NCCL kernels (a c
 rank has arrived, so a rank that waits for a slower one shows it as collective time), or sit idle between
 kernels (the host did not queue work in time)? It reads the Chrome trace that torch.profiler exports:
 kernel events have "cat": "kernel", "ts" and "dur" in microseconds and "args": {"device": N}.
+
+Beside it, what the host did per step (`host_counts`) and which host code launched the small copy and fill kernels
+(`kernel_sources`: a kernel's "correlation" names its launch, and the cpu_ops around that launch name the code).
 """
 import gzip
 import json
@@ -57,7 +60,7 @@ def summarize_trace(trace, wall_ms, steps):
             "top_kernels": [{"name": name, "calls": calls[name], "total_ms": totals[name]} for name in top],
         }
     return {"steps": steps, "wall_ms_per_step": wall_ms / steps, "devices": devices,
-            "host": host_counts(trace, steps)}
+            "host": host_counts(trace, steps), "sources": kernel_sources(trace, steps)}
 
 
 # What the host did per step, by the trace's event names: kernel launches through the runtime and the driver
@@ -92,6 +95,63 @@ def host_counts(trace, steps):
     for key in ("checkpoint_calls", "checkpoint_backward", "memcpy_pinned.HtoD", "memcpy_pinned.DtoH"):
         per_step.setdefault(key, 0.0)
     return per_step
+
+
+# Small kernels worth tracing to the code that launched them: elementwise copies (dtype casts: `.to(bf16)`,
+# `.contiguous()`) and fills (`torch.zeros`, `zero_()`, `masked_fill`), by the names of PyTorch's kernels.
+TRACED_KERNELS = {"copy": ("copy",), "fill": ("fill",)}
+TOP_SOURCES = 10
+
+
+def kernel_sources(trace, steps):
+    """Per traced kind of kernel (copy, fill): which host code launched them, per step, the most first. A kernel's
+    launch (a cuda_runtime or cuda_driver event of the same "correlation") ran inside nested cpu_ops on its host
+    thread; the source is the outermost of them (a module's autograd Function such as LoRA_MLP, or the autograd
+    engine's `evaluate_function: ...Backward` in backward) with the innermost (the aten op that launched it)."""
+    events = trace.get("traceEvents", [])
+    launches = {event["args"]["correlation"]: event for event in events
+                if event.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in event.get("args", {})}
+    wanted = defaultdict(list)  # host thread -> [(launch, kind of the kernel it launched)]
+    for event in kernel_events(trace):
+        kind = _traced_kind(event["name"])
+        launch = launches.get(event.get("args", {}).get("correlation"))
+        if kind is not None and launch is not None:
+            wanted[(launch.get("pid"), launch.get("tid"))].append((launch, kind))
+    ops = defaultdict(list)
+    for event in events:
+        if event.get("cat") == "cpu_op" and "dur" in event:
+            ops[(event.get("pid"), event.get("tid"))].append(event)
+    counts = {kind: defaultdict(int) for kind in TRACED_KERNELS}
+    for thread, found in wanted.items():
+        for kind, source in _sources_on_thread(ops[thread], found):
+            counts[kind][source] += 1
+    return {kind: [{"outer": outer, "inner": inner, "per_step": count / steps}
+                   for (outer, inner), count in sorted(found.items(), key=lambda item: -item[1])[:TOP_SOURCES]]
+            for kind, found in counts.items()}
+
+
+def _sources_on_thread(ops, launches):
+    """(kind, (outermost op, innermost op)) for each (launch, kind) of one host thread: one sweep in time order
+    over its cpu_ops, which nest, keeping the stack of those still running."""
+    ops = sorted(ops, key=lambda op: (op["ts"], -op["dur"]))
+    stack, next_op = [], 0
+    for launch, kind in sorted(launches, key=lambda pair: pair[0]["ts"]):
+        while next_op < len(ops) and ops[next_op]["ts"] <= launch["ts"]:
+            _drop_ended(stack, ops[next_op]["ts"])
+            stack.append(ops[next_op])
+            next_op += 1
+        _drop_ended(stack, launch["ts"])
+        yield kind, ((stack[0]["name"], stack[-1]["name"]) if stack else ("(no op)", "(no op)"))
+
+
+def _drop_ended(stack, at):
+    while stack and stack[-1]["ts"] + stack[-1]["dur"] < at:
+        stack.pop()
+
+
+def _traced_kind(kernel_name):
+    lowered = kernel_name.lower()
+    return next((kind for kind, marks in TRACED_KERNELS.items() if any(mark in lowered for mark in marks)), None)
 
 
 def _is_collective(event):

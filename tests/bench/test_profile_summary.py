@@ -64,3 +64,46 @@ def test_host_counts_launches_copies_and_checkpoint_calls_per_step():
 def test_no_checkpoint_calls_reads_as_zero():
     counts = host_counts({"traceEvents": [{"name": "cudaLaunchKernel", "cat": "cuda_runtime"}]}, steps=1)
     assert counts["checkpoint_calls"] == 0 and counts["memcpy_pinned.HtoD"] == 0
+
+
+def op(name, ts, dur, tid=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "ts": ts, "dur": dur, "pid": 5, "tid": tid}
+
+
+def launched(correlation, ts, kernel_name, tid=1, api=("cuda_runtime", "cudaLaunchKernel")):
+    """A launch on host thread `tid` at `ts` and the kernel it launched (later, on the GPU's own track)."""
+    return [{"ph": "X", "cat": api[0], "name": api[1], "ts": ts, "dur": 2, "pid": 5, "tid": tid,
+             "args": {"correlation": correlation}},
+            {"ph": "X", "cat": "kernel", "name": kernel_name, "ts": ts + 50, "dur": 3, "pid": 0, "tid": 7,
+             "args": {"device": 0, "correlation": correlation}}]
+
+
+COPY = "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)>"
+FILL = "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<c10::BFloat16>>"
+
+
+def test_copy_and_fill_kernels_are_traced_to_the_ops_that_launched_them():
+    trace = {"traceEvents": [
+        op("LoRA_MLP", 0, 100), op("aten::to", 10, 20), op("aten::copy_", 12, 10),
+        *launched(1, 15, COPY),
+        op("aten::_to_copy", 40, 20), op("aten::copy_", 42, 10),
+        *launched(2, 45, COPY, api=("cuda_driver", "cuLaunchKernelEx")),
+        op("aten::zeros", 70, 10), op("aten::fill_", 72, 5),
+        *launched(3, 74, FILL),
+        op("aten::mm", 85, 10), *launched(4, 88, "sm90_xmma_gemm_bf16"),  # neither copy nor fill: not traced
+        # backward, on the autograd engine's thread
+        op("autograd::engine::evaluate_function: LoRA_MLPBackward", 200, 50, tid=2), op("aten::copy_", 210, 10, tid=2),
+        *launched(5, 212, COPY, tid=2),
+        *launched(6, 400, FILL),  # launched outside any op
+    ]}
+    sources = summarize_trace(trace, wall_ms=1.0, steps=1)["sources"]
+    assert sources["copy"] == [{"outer": "LoRA_MLP", "inner": "aten::copy_", "per_step": 2.0},
+                               {"outer": "autograd::engine::evaluate_function: LoRA_MLPBackward",
+                                "inner": "aten::copy_", "per_step": 1.0}]
+    assert sources["fill"] == [{"outer": "LoRA_MLP", "inner": "aten::fill_", "per_step": 1.0},
+                               {"outer": "(no op)", "inner": "(no op)", "per_step": 1.0}]
+
+
+def test_a_trace_without_launch_correlations_has_no_sources():
+    sources = summarize_trace({"traceEvents": [kernel(COPY, 0, 5)]}, wall_ms=1.0, steps=1)["sources"]
+    assert sources == {"copy": [], "fill": []}
