@@ -22,8 +22,8 @@ Each module stands in for the Unsloth module it is named after (or the part of o
     rl_config_compat.py the config keywords Transformers 5 and TRL 1.x renamed or removed
                         (unsloth/models/rl_config_compat.py)
     fsdp.py             nbddp's own, no Unsloth module's: how a model loads and merges when `--strategy fsdp` shards
-                        it (Unsloth's kernels do not shard, so FSDP runs here alone), and this process's strategy,
-                        which the runtime's `trainer.fsdp.choose` records there
+                        it (Unsloth's kernels do not shard, so FSDP runs here alone), as the runtime's
+                        `trainer.fsdp.choose` tells it
 
 trl_compat and rl_config_compat are here, not in the runtime: they do to TRL what importing Unsloth does, so the
 fallback alone needs them (the runtime calls `trl_compat.refuse_moved_names` on either backend: Unsloth leaves those
@@ -33,6 +33,6 @@ tools/extract_chat_templates.py.
 The fallback imports torch, and transformers, peft and trl inside its functions (the real Unsloth, imported
 instead, must come before them); never libcst, jupytext, papermill, nbddp.orchestration or nbddp.runtime: the
 runtime activates it, never the other way (tests/test_rooms.py). What it shares with the runtime is nbddp's own,
-beside the rooms: the patch table (`nbddp.patches`), `nbddp.rank`, the model-name check (`nbddp.model_names`) and
-the values of `use_gradient_checkpointing` (`nbddp.gradient_checkpointing_modes`).
+beside the rooms: the patch table (`nbddp.patches`), `nbddp.rank` and the values of `use_gradient_checkpointing`
+(`nbddp.gradient_checkpointing_modes`); the model-name check (`nbddp.model_names`) it shares with the notebooks.
 """

@@ -3,8 +3,8 @@ fallback alone (Unsloth's kernels do not shard: `runtime.trainer.fsdp.choose`), 
 is the fallback's; the training arguments and the gathering of the adapter at the end of training are the runtime's
 (`runtime.trainer.fsdp`).
 
-This process's strategy is kept here: `runtime.trainer.fsdp.choose` sets it (`set_strategy`), and `active` answers
-for both. Under FSDP a model loads without a per-rank device map (accelerate places the shards); a 4-bit (QLoRA) one
+`runtime.trainer.fsdp.choose` tells the fallback the strategy it chose (`set_strategy`); `active` answers for the
+fallback's loading and saving. Under FSDP a model loads without a per-rank device map (accelerate places the shards); a 4-bit (QLoRA) one
 stores its 4-bit weights in the compute dtype (`bnb_4bit_quant_storage`) so that FSDP1 can flatten them with the rest,
 and a checkpoint saved already quantized loads from the checkpoint it was quantized from (`shardable_checkpoint`); an
 8-bit one is refused (`refuse_8bit`), and so is full finetuning (`refuse_full_finetuning`): its whole weights stay

@@ -14,13 +14,13 @@ import torch.distributed as dist
 
 from nbddp import patches
 from nbddp.errors import UsageError
-from nbddp.fallback import fsdp as fallback_fsdp
 from nbddp.runtime.ddp_core import DdpCore
 from nbddp.runtime.inputs.flags import process_group_timeout
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.notebook_emulation import NotebookEmulation
 from nbddp.runtime.once_per_machine import OncePerMachine
 from nbddp.runtime.run_overrides import RunOverrides
+from nbddp.runtime.trainer import fsdp
 
 
 class DistributedContext(DdpCore, NotebookEmulation, RunOverrides):
@@ -61,7 +61,7 @@ def init_distributed(resume=False, batch_layout="notebook") -> DistributedContex
         )
     timeout = process_group_timeout()  # checked on one process too: a smoke run finds a bad timeout_s setting
     # FSDP shards over a process group, which torchrun's one process gets too (`--strategy fsdp` on one GPU)
-    if (world_size > 1 or (fallback_fsdp.active() and "LOCAL_RANK" in os.environ)) and not dist.is_initialized():
+    if (world_size > 1 or (fsdp.active() and "LOCAL_RANK" in os.environ)) and not dist.is_initialized():
         if on_gpu:
             # Before anything touches CUDA, so no rank opens a context on GPU 0 by accident.
             torch.cuda.set_device(device)

@@ -13,7 +13,6 @@ import os
 
 from nbddp import log
 from nbddp.errors import UsageError
-from nbddp.fallback import fsdp as fallback_fsdp
 from nbddp.formats.run_settings import ENV
 from nbddp.runtime import smoke_sandbox
 from nbddp.runtime.inputs import training_overrides
@@ -76,7 +75,7 @@ class RunOverrides:
             if problem:
                 raise UsageError(f"{config_class.__name__}: {problem}")
             kwargs.update(per_device_train_batch_size=plan.micro_batch, gradient_accumulation_steps=plan.accumulation_here)
-            if fallback_fsdp.active():
+            if fsdp.active():
                 kwargs = fsdp.training_kwargs(kwargs)
             config = config_class(*args, **kwargs)
             config.nbddp_batch_plan = plan  # read by fuller_batch (auto) and MetricsCallback (metrics.jsonl)

@@ -24,8 +24,16 @@ from nbddp.runtime.trainer import fsdp
 @pytest.fixture
 def strategy_restored():
     yield
-    fallback_fsdp._chosen.update(strategy="ddp", layers=(), quantized=False)
+    sharding("ddp")
     fsdp._said.update(noted=False, optimizers_said=set())
+
+
+def sharding(strategy="fsdp", layers=(), quantized=False):
+    """This process under `strategy`, as setup's `fsdp.choose` puts it, with a loaded model of those decoder layers
+    (4-bit: bitsandbytes' quantizer on it), as the fallback's from_pretrained remembers it."""
+    fsdp.choose(strategy, "hf", on_gpu=True)
+    fallback_fsdp.remember_model(SimpleNamespace(_no_split_modules=list(layers),
+                                                 **({"hf_quantizer": object()} if quantized else {})))
 
 
 def test_ddp_keeps_the_backend_and_fsdp_takes_the_fallback(strategy_restored):
@@ -47,7 +55,7 @@ def test_fsdp2_each_decoder_layer_and_the_notebooks_own_settings_win(strategy_re
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # under torchrun
-    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    sharding(layers=["LlamaDecoderLayer"])
     kwargs = fsdp.training_kwargs({"learning_rate": 2e-4, "gradient_checkpointing": True})
     assert kwargs["fsdp"] in (True, "full_shard auto_wrap") and kwargs["learning_rate"] == 2e-4
     assert kwargs["fsdp_config"] == {"version": 2, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
@@ -66,7 +74,7 @@ def test_this_transformers_shards_as_the_option_string_says_without_deprecation(
     from transformers import TrainingArguments
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",), quantized=quantized)
+    sharding(layers=["LlamaDecoderLayer"], quantized=quantized)
     kwargs = fsdp.training_kwargs({"output_dir": "out", "use_cpu": True, "report_to": []})
     assert kwargs["fsdp_config"]["version"] == version
     string_form = {**kwargs, "fsdp": "full_shard auto_wrap", "fsdp_config": dict(kwargs["fsdp_config"])}
@@ -99,7 +107,7 @@ def test_a_quantized_optimizer_becomes_torchs_of_the_same_update(strategy_restor
     assert set(QUANTIZED_TORCH_UPDATE.values()) - {None} <= {o.value for o in OptimizerNames}
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda: 0)
-    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    sharding(layers=["LlamaDecoderLayer"])
     assert fsdp.training_kwargs({"optim": "adamw_8bit"})["optim"] == "adamw_torch"
     assert fsdp.training_kwargs({"optim": OptimizerNames.ADAMW_8BIT})["optim"] == "adamw_torch"
     assert fsdp.training_kwargs({"optim": "rmsprop_bnb_8bit"})["optim"] == "rmsprop"
@@ -116,7 +124,7 @@ def test_a_smoke_run_outside_torchrun_trains_as_written(strategy_restored, monke
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    sharding(layers=["LlamaDecoderLayer"])
     assert fsdp.training_kwargs({"learning_rate": 2e-4}) == {"learning_rate": 2e-4}
 
 
@@ -130,7 +138,7 @@ def test_a_4bit_model_is_sharded_by_fsdp1_with_flat_parameters(strategy_restored
     import torch.distributed as dist
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
-    fallback_fsdp._chosen.update(strategy="fsdp")
+    sharding()
     fallback_fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"]))
     assert fsdp.training_kwargs({})["fsdp_config"]["version"] == 2
     fallback_fsdp.remember_model(SimpleNamespace(_no_split_modules=["LlamaDecoderLayer"],
@@ -191,7 +199,7 @@ def test_full_finetuning_is_refused_as_it_loads(tiny_llama_dir, model_cache, str
     from nbddp.fallback.models import FastLanguageModel
     from nbddp.examples.tiny_model import ensure_weights
 
-    fallback_fsdp._chosen.update(strategy="fsdp")
+    sharding()
     with pytest.raises(UsageError, match=r"--strategy fsdp with full_finetuning=True .* Train LoRA .* --strategy ddp"):
         FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
                                           load_in_4bit=False, full_finetuning=True)
@@ -234,12 +242,12 @@ def test_a_4bit_model_under_fsdp_keeps_its_dtypes_for_flattening(tiny_llama_dir,
         raise AssertionError("prepare_model_for_kbit_training under FSDP")
 
     monkeypatch.setattr(peft, "prepare_model_for_kbit_training", cast)
-    fallback_fsdp._chosen.update(strategy="fsdp")
+    sharding()
     model, _ = FastLanguageModel.from_pretrained(ensure_weights(str(tiny_llama_dir)), max_seq_length=32,
                                                  load_in_4bit=False)
     model.hf_quantizer = object()  # as a bitsandbytes model has (bitsandbytes itself needs CUDA)
     FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
-    fallback_fsdp._chosen.update(strategy="ddp")
+    sharding("ddp")
     with pytest.raises(AssertionError, match="under FSDP"):
         FastLanguageModel.get_peft_model(model, r=4, lora_alpha=8, random_state=3407)
 
@@ -257,7 +265,7 @@ def test_the_training_arguments_take_them(strategy_restored, monkeypatch):
 
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # under torchrun
 
-    fallback_fsdp._chosen.update(strategy="fsdp", layers=("LlamaDecoderLayer",))
+    sharding(layers=["LlamaDecoderLayer"])
     arguments = TrainingArguments(output_dir="unused", report_to="none", use_cpu=True,
                                   **fsdp.training_kwargs({"gradient_checkpointing": True}))
     assert arguments.fsdp and arguments.fsdp_config["transformer_layer_cls_to_wrap"] == ["LlamaDecoderLayer"]

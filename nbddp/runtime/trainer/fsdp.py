@@ -5,7 +5,7 @@ Transformers' Trainer with accelerate's FSDP2, set through the training argument
 (`training_kwargs`, which `ddp.training_args` applies). Unsloth's kernels do not shard (unslothai/unsloth#2767),
 so the notebook runs on the Transformers+PEFT fallback (`choose`), which loads the model without a per-rank device
 map (accelerate places the shards). How the fallback loads and saves a model under FSDP is its own
-(`nbddp.fallback.fsdp`, which also keeps this process's strategy). A 4-bit (QLoRA) model is sharded with FSDP1 instead
+(`nbddp.fallback.fsdp`, which `choose` tells the strategy). A 4-bit (QLoRA) model is sharded with FSDP1 instead
 (`training_kwargs`, from what the fallback remembered of the loaded model: FSDP2 with bitsandbytes gives wrong
 outputs, bitsandbytes#1945), with flat parameters (FSDP1's original parameters fail its full state dict on
 bitsandbytes' base layers) and its 4-bit weights stored in the compute dtype (`bnb_4bit_quant_storage`) so that FSDP
@@ -34,7 +34,8 @@ from nbddp.formats.script_parameters import STRATEGIES
 from nbddp.rank import is_main_process
 from nbddp.runtime.trainer.optimizers import QUANTIZED_TORCH_UPDATE
 
-# whether the smoke run's note was printed, the quantized optimizers it replaced
+# this process's strategy (ddp | fsdp); whether the smoke run's note was printed, the quantized optimizers it replaced
+_chosen = {"strategy": "ddp"}
 _said = {"noted": False, "optimizers_said": set()}
 FSDP1_UNIT = "_fsdp_wrapped_module"  # the attribute FullyShardedDataParallel keeps its module in
 
@@ -47,7 +48,8 @@ def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
         raise UsageError(f"--strategy {requested!r}: expected one of {', '.join(STRATEGIES)} (ddp: a whole model on "
                          "every GPU; fsdp: the model sharded across them; auto: fsdp when the memory estimate says "
                          "one GPU cannot hold it)")
-    fallback_fsdp.set_strategy(requested)
+    _chosen["strategy"] = requested
+    fallback_fsdp.set_strategy(requested)  # the fallback loads and saves the model for it
     if requested == "ddp":
         return requested, backend
     if not on_gpu:
@@ -58,6 +60,11 @@ def choose(requested: str, backend: str, on_gpu: bool) -> tuple[str, str]:
                          "(unslothai/unsloth#2767); use --backend auto or hf, which run the notebook through "
                          "Transformers+PEFT under FSDP")
     return requested, "hf"
+
+
+def active() -> bool:
+    """Whether this process trains under `--strategy fsdp`, as `choose` decided."""
+    return _chosen["strategy"] == "fsdp"
 
 
 def training_kwargs(kwargs: dict) -> dict:

@@ -29,7 +29,6 @@ def install() -> None:
     `fsdp`). Imports transformers: after Unsloth. Installing twice is once."""
     from transformers import Trainer
 
-    from nbddp.fallback import fsdp as fallback_fsdp
     from nbddp.runtime.memory import fuller_batch, gradient_checkpointing, smoke_layout_check
     from nbddp.runtime.trainer import eval_loss, fsdp, unused_parameters
 
@@ -39,7 +38,7 @@ def install() -> None:
     eval_loss.patch_evaluation_loop(Trainer)
     unused_parameters.patch_trainer(Trainer)
     register_callbacks()
-    if fallback_fsdp.active():
+    if fsdp.active():
         fsdp.install()
 
 
