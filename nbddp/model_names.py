@@ -1,5 +1,5 @@
 """Is a model name something `from_pretrained` can load here? Checked before Transformers or Unsloth try, by the
-notebooks and by the fallback's `from_pretrained`: nbddp's, shared by the runtime and the fallback.
+notebooks and by the fallback's `from_pretrained`: nbddp's, shared by the notebooks and the fallback.
 
     from nbddp.model_names import require_model
     require_model(model_name)  # UsageError: model 'models/tyny-llama': no such directory (did you mean ...?)

@@ -1,6 +1,6 @@
 """Whether this process is the main one (global rank 0), for what must happen once per job: a message, a save.
 
-One test for every runtime module, the same before torchrun's process group exists (its RANK variable) and after
+One test for the runtime and the fallback, the same before torchrun's process group exists (its RANK variable) and after
 (the group's rank, also for a group a test or a notebook created without RANK).
 """
 import os

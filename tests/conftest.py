@@ -1,8 +1,9 @@
-"""What the whole suite shares: the tier and the number of xdist workers a command line gets, and the reference
-DDP runs (tests/fixtures/e2e/reference_runs.py) that the default tier's end-to-end tests read. The runs take about a
-minute of CPU, so they start in the background as soon as the first test of a session that selected such a test
-begins, and overlap with the rest of the suite; the tests wait for them. Under pytest-xdist every worker shares one
-set (the first worker to ask starts it)."""
+"""What the whole suite shares: the tier and the number of xdist workers a command line gets, the reference DDP runs
+(tests/fixtures/e2e/reference_runs.py) that the default tier's end-to-end tests read, and the tiny Llama that the
+runtime's and the fallback's tests load (tests/runtime, tests/fallback). The runs take about a minute of CPU, so they
+start in the background as soon as the first test of a session that selected such a test begins, and overlap with the
+rest of the suite; the tests wait for them. Under pytest-xdist every worker shares one set (the first worker to ask
+starts it)."""
 import json
 import os
 import subprocess
@@ -15,8 +16,10 @@ import pytest
 # One thread a process: xdist's workers share the cores, and each test's children (papermill kernels, torchrun's
 # ranks) run beside the other worker's, so a thread a core in every process oversubscribes them (PyTorch's CPU
 # threads then wait on each other). Measured on 2 cores: 17 e2e tests, 128 s with PyTorch's default, 80 s with this
-# (tests/TIMINGS.md). torchrun sets the same for its ranks when it starts more than one; a value set already wins.
+# (tests/TIMINGS.md). On 2 cores it is what `nbddp launch` gives each of 2 ranks anyway (cores / processes); a value
+# set already wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def names_single_tests(config):
     """The command line names tests (`path::name`), not files, folders or the whole suite."""
@@ -106,3 +109,63 @@ def ddp_reference_runs(tmp_path_factory):
         assert result["returncode"] == 0, f"{step}: {result['command']}\n{output}"
     assert set(results) == {"export", "one", "two"}
     return out
+
+
+# The tiny Llama of tests/runtime and tests/fallback. It ships only its config and tokenizer, as models/tiny-llama
+# does (models/build_tiny_llama.py); `ensure_weights` builds its weights in the test's model cache on first load.
+
+TINY_LLAMA_WORDS = ["the", "cat", "sat", "on", "mat", "a", "dog", "ran", "far", "away"]
+
+
+def write_tiny_llama(directory):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{word: index + 3 for index, word in enumerate(TINY_LLAMA_WORDS)}}
+    word_level = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    word_level.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=word_level, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
+                                        model_input_names=["input_ids", "attention_mask"])  # as Llama's: no token_type_ids
+    tokenizer.save_pretrained(directory)
+    LlamaConfig(
+        vocab_size=100,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=1,
+        eos_token_id=2,
+    ).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture
+def tiny_llama_dir(tmp_path):
+    return write_tiny_llama(tmp_path / "tiny-llama")
+
+
+@pytest.fixture
+def model_cache(tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("NBDDP_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def tiny_model_path(tiny_llama_dir, model_cache):
+    """The tiny Llama with its weights built, as `FastLanguageModel.from_pretrained` takes it."""
+    from nbddp.examples.tiny_model import ensure_weights
+
+    return ensure_weights(str(tiny_llama_dir))
+
+
+@pytest.fixture
+def backend_patches_undone_after():
+    """Every patch nbddp applied (nbddp/patches.py), during the test or before it, undone after it: a later
+    test must meet the libraries' own classes."""
+    yield
+    from nbddp import patches
+
+    patches.undo()

@@ -99,3 +99,15 @@ def test_the_fallback_imports_nothing_of_the_runtime():
     back = sorted(f"{name} -> {module}" for name, tree in modules.items() if name.startswith("nbddp.fallback")
                   for module in imported(modules, tree) if module.startswith("nbddp.runtime"))
     assert back == []
+
+
+def test_the_shared_modules_import_none_of_the_rooms():
+    # What the rooms share beside them (nbddp/patches.py, rank.py, model_names.py, ...: one file each at the top of
+    # nbddp/, docs/design.md) stays below every room, inside functions too.
+    modules = nbddp_modules()
+    rooms = ("nbddp.export", "nbddp.runtime", "nbddp.fallback", "nbddp.orchestration", "nbddp.cli")
+    shared = [name for name in modules if name.count(".") == 1 and not name.startswith(rooms)
+              and name not in ("nbddp.__main__", "nbddp.examples", "nbddp.formats")]
+    up = sorted(f"{name} -> {module}" for name in shared for module in imported(modules, modules[name])
+                if module.startswith(rooms))
+    assert "nbddp.patches" in shared and up == []

@@ -8,7 +8,7 @@ from nbddp.formats.run_settings import script_parameters, setting
 
 BACKEND = "backend"  # auto | unsloth | hf (runtime.backend)
 RESUME = "resume"  # trainer.train() continues from the last complete checkpoint in output_dir
-BATCH_LAYOUT = "batch_layout"  # how N processes share the notebook's batch (runtime.batch_plan)
+BATCH_LAYOUT = "batch_layout"  # how N processes share the notebook's batch (runtime.memory.batch_plan)
 WORKDIR = "workdir"  # where the cells run, from the script's folder (runtime.working_directory)
 STRATEGY = "strategy"  # ddp | fsdp | auto: a whole model per GPU, or sharded (runtime.trainer.fsdp, auto_strategy)
 STRATEGIES = setting(STRATEGY).choices  # auto: ddp when the memory estimate fits one GPU, else fsdp

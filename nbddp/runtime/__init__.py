@@ -14,7 +14,7 @@ The rooms: `context` (the `ddp.` facade) and what it uses directly (`once_per_ma
 `trainer` (what every Trainer gets under DDP); `memory` (batch layout, memory estimate, gradient checkpointing);
 `inputs` (flags, `--set`, data, output folders); `reporting` (metrics, progress, heartbeats, tracebacks). What the
 runtime shares with the fallback is nbddp's, beside the rooms: `nbddp.patches` (every change to other libraries,
-with why), `nbddp.rank`, `nbddp.model_names` (`require_model`).
+with why), `nbddp.rank`, `nbddp.gradient_checkpointing_modes` (the values of `use_gradient_checkpointing`).
 """
 import builtins
 import importlib

@@ -9,7 +9,7 @@ import pytest
 
 from nbddp import patches
 
-RUNTIME = Path(patches.__file__).parent
+NBDDP = Path(patches.__file__).parent
 
 
 @pytest.fixture(autouse=True)
@@ -101,7 +101,7 @@ def test_a_patch_missing_from_the_table_is_refused():
 
 def test_every_patch_in_the_table_is_applied_by_the_runtime_and_every_one_applied_is_in_it():
     # The runtime's patches, and the fallback's (nbddp/fallback: what importing Unsloth does to TRL).
-    paths = [*RUNTIME.rglob("*.py"), *(RUNTIME.parent / "fallback").rglob("*.py")]
+    paths = [*(NBDDP / "runtime").rglob("*.py"), *(NBDDP / "fallback").rglob("*.py")]
     source = "\n".join(path.read_text() for path in paths if path.name != "patches.py")
     # A name is applied through a helper call, or through a module constant that holds it (PATCH = "...").
     used = set(re.findall(r'patches\.(?:wrap|set_attribute|set_item|append|record)\(\s*"([\w-]+)"', source))

@@ -1,4 +1,4 @@
-"""Name a hung rank within minutes: launch watches its workers' heartbeats (`runtime.heartbeat`).
+"""Name a hung rank within minutes: launch watches its workers' heartbeats (`runtime.reporting.heartbeat`).
 
 A worker whose heartbeat is older than the run setting `hang_s` (seconds, default HANG_S; 0 turns the watch off) has
 stopped answering: stopped by a signal, on a stalled machine, or stuck in native code that holds the interpreter lock. A

@@ -23,6 +23,7 @@ import glob
 import json
 from pathlib import Path
 
+from nbddp import patches
 from nbddp.errors import DataError
 from nbddp.near_miss import closest_sibling
 
@@ -62,7 +63,6 @@ def register() -> None:
     """Wrap `datasets.load_dataset` (and `datasets.load.load_dataset`): see the module's docstring."""
     import datasets
     import datasets.load
-    from nbddp import patches
 
     for owner in (datasets, datasets.load):
         patches.wrap("json-data-lines", owner, "load_dataset", _named_bad_lines)
