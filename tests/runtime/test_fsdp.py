@@ -151,7 +151,6 @@ def test_a_4bit_model_is_sharded_by_fsdp1_with_flat_parameters(strategy_restored
 
 def _checkpoint(folder, quantization=None):
     """A model folder as AutoConfig reads it: the tiny Llama's config, saved already quantized when given."""
-    import shutil
     from pathlib import Path
 
     folder.mkdir(parents=True)
