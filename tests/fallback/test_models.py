@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from nbddp.errors import UsageError
-from nbddp.fallback import models as hf_backend
+from nbddp.fallback import models
 from nbddp.fallback.models import FastLanguageModel, FastModel, is_bfloat16_supported
 
 
@@ -153,10 +153,10 @@ def test_fast_model_target_modules_it_does_not_have(tiny_model_path):
 
 
 def test_unsloths_other_names():
-    assert hf_backend.is_bf16_supported is is_bfloat16_supported
-    assert hf_backend.PatchDPOTrainer() is None
-    assert issubclass(hf_backend.FastVisionModel, FastModel)
-    assert hf_backend.train_on_responses_only is hf_backend.chat_templates.train_on_responses_only
+    assert models.is_bf16_supported is is_bfloat16_supported
+    assert models.PatchDPOTrainer() is None
+    assert issubclass(models.FastVisionModel, FastModel)
+    assert models.train_on_responses_only is models.chat_templates.train_on_responses_only
 
 
 def test_the_per_family_loaders_are_fast_language_model_with_unsloths_positional_order(tiny_model_path):
@@ -193,7 +193,7 @@ def test_a_name_the_fallback_lacks_is_named_with_the_fix():
         from nbddp.fallback.models import FastDecisionModel  # noqa: F401
     with pytest.raises(UsageError, match=r"FastSentenceTransformer .* sentence_transformers"):
         from nbddp.fallback.models import FastSentenceTransformer  # noqa: F401
-    assert not hasattr(hf_backend, "__path__")  # what the import system asks stays an AttributeError
+    assert not hasattr(models, "__path__")  # what the import system asks stays an AttributeError
 
 
 def test_generate_takes_a_batch_encoding_as_input_ids(tiny_model_path):

@@ -6,12 +6,12 @@ import textwrap
 import pytest
 
 from nbddp.errors import UsageError
-from nbddp.fallback import models as hf_backend, rl_environments as hf_rl_environments
+from nbddp.fallback import models, rl_environments
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    monkeypatch.delitem(sys.modules, hf_rl_environments.MODULE, raising=False)
+    monkeypatch.delitem(sys.modules, rl_environments.MODULE, raising=False)
     monkeypatch.delitem(sys.modules, "unsloth_zoo", raising=False)
 
 
@@ -27,14 +27,14 @@ def test_the_helpers_come_from_unsloth_zoos_file_without_its_init(fresh, tmp_pat
             return "import os" in code, {}
         """))
     monkeypatch.syspath_prepend(str(tmp_path))
-    limited = hf_backend.execute_with_time_limit(2)(print)
+    limited = models.execute_with_time_limit(2)(print)
     assert limited == ("limited", 2, print)
-    assert hf_backend.check_python_modules("import os")[0] is True
+    assert models.check_python_modules("import os")[0] is True
     assert "unsloth_zoo" not in sys.modules  # the package's __init__ never ran
-    assert sys.modules[hf_rl_environments.MODULE].__file__ == str(package / "rl_environments.py")
+    assert sys.modules[rl_environments.MODULE].__file__ == str(package / "rl_environments.py")
 
 
 def test_without_unsloth_zoo_the_name_says_what_to_install(fresh, monkeypatch):
-    monkeypatch.setattr(hf_rl_environments.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(rl_environments.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(UsageError, match=r"pip install --no-deps unsloth-zoo==2026\.10\.9"):
-        hf_backend.create_locked_down_function
+        models.create_locked_down_function

@@ -14,7 +14,7 @@ from datasets import Dataset
 
 from nbddp.errors import UsageError
 from nbddp.runtime import backend as backends
-from nbddp.fallback import sharegpt as hf_sharegpt
+from nbddp.fallback import sharegpt
 from tools.extract_chat_templates import SOURCE, download_wheel, pinned_version
 
 TINY_CHAT = Path(__file__).resolve().parents[2] / "models" / "tiny-chat"
@@ -45,7 +45,7 @@ CHATML_TEMPLATE = """<|im_start|>system
 <|im_start|>assistant
 {OUTPUT}<|im_end|>
 """
-TEMPLATES = [NOTEBOOK_TEMPLATE, CHATML_TEMPLATE, hf_sharegpt.LLAMA3_TEMPLATE, "{SYSTEM}\nUSER: {INPUT}\nASSISTANT: {OUTPUT}\n",
+TEMPLATES = [NOTEBOOK_TEMPLATE, CHATML_TEMPLATE, sharegpt.LLAMA3_TEMPLATE, "{SYSTEM}\nUSER: {INPUT}\nASSISTANT: {OUTPUT}\n",
              "Q: {INPUT}\nA: {OUTPUT}\n\nQ: {INPUT}\nA: {OUTPUT}\n\n",
              "USER: {INPUT}\nASSISTANT: {OUTPUT}\nUSER: {INPUT}\nASSISTANT: {OUTPUT}\n  "]  # the last: both refuse it
 
@@ -82,13 +82,13 @@ def tokenizer():
      "remove_unused_columns": False},
 ])
 def test_to_sharegpt_gives_unsloths_rows(unsloth_functions, options):
-    ours = hf_sharegpt.to_sharegpt(ALPACA, **options)
+    ours = sharegpt.to_sharegpt(ALPACA, **options)
     assert ours.to_list() == unsloth_functions["to_sharegpt"](ALPACA, **options).to_list()
     assert ours.num_rows == ALPACA.num_rows
 
 
 def test_to_sharegpt_merges_the_optional_part_only_where_its_column_has_text():
-    rows = hf_sharegpt.to_sharegpt(ALPACA, merged_prompt=MERGED_PROMPT)["conversations"]
+    rows = sharegpt.to_sharegpt(ALPACA, merged_prompt=MERGED_PROMPT)["conversations"]
     assert rows[0] == [{"from": "human", "value": "Add the numbers.\nYour input is:\n2 and 3"}, {"from": "gpt", "value": "5"}]
     assert rows[1][0]["value"] == "Name a colour." and rows[2][0]["value"] == "Say hi."
 
@@ -101,18 +101,18 @@ def test_construct_chat_template_gives_unsloths_template_and_modelfile(unsloth_f
         except refusal:
             return "refused"
 
-    ours = outcome(hf_sharegpt.construct_chat_template, UsageError)
+    ours = outcome(sharegpt.construct_chat_template, UsageError)
     assert ours == outcome(unsloth_functions["construct_chat_template"], RuntimeError)
     assert (ours == "refused") == (template == TEMPLATES[-1])
 
 
 def test_apply_chat_template_renders_the_conversations_as_unsloths_does(unsloth_functions):
-    chats = hf_sharegpt.to_sharegpt(ALPACA, merged_prompt=MERGED_PROMPT, conversation_extension=2)
+    chats = sharegpt.to_sharegpt(ALPACA, merged_prompt=MERGED_PROMPT, conversation_extension=2)
     from nbddp.fallback.chat_templates import standardize_sharegpt
 
     chats = standardize_sharegpt(chats)
     ours, theirs = tokenizer(), tokenizer()
-    texts = hf_sharegpt.apply_chat_template(chats, tokenizer=ours, chat_template=NOTEBOOK_TEMPLATE)["text"]
+    texts = sharegpt.apply_chat_template(chats, tokenizer=ours, chat_template=NOTEBOOK_TEMPLATE)["text"]
     assert texts == unsloth_functions["apply_chat_template"](chats, tokenizer=theirs, chat_template=NOTEBOOK_TEMPLATE)["text"]
     assert texts[0].startswith("<s>Below are some instructions") and "### Response:\n5</s>" in texts[0]
     assert ours.chat_template == theirs.chat_template and ours._ollama_modelfile == theirs._ollama_modelfile
@@ -120,9 +120,9 @@ def test_apply_chat_template_renders_the_conversations_as_unsloths_does(unsloth_
 
 def test_a_template_without_output_is_bad_input():
     with pytest.raises(UsageError, match=r"chat_template must contain \{OUTPUT\}"):
-        hf_sharegpt.construct_chat_template(tokenizer(), "### Instruction:\n{INPUT}\n")
+        sharegpt.construct_chat_template(tokenizer(), "### Instruction:\n{INPUT}\n")
     with pytest.raises(UsageError, match="'nope' but this does not exist in the dataset"):
-        hf_sharegpt.to_sharegpt(ALPACA, merged_prompt="{nope}")
+        sharegpt.to_sharegpt(ALPACA, merged_prompt="{nope}")
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_the_notebook_imports_them_from_unsloth(hf_backend_active):
     from unsloth import apply_chat_template, standardize_sharegpt, to_sharegpt
     from unsloth.chat_templates import remove_special_tokens
 
-    assert to_sharegpt is hf_sharegpt.to_sharegpt and apply_chat_template is hf_sharegpt.apply_chat_template
+    assert to_sharegpt is sharegpt.to_sharegpt and apply_chat_template is sharegpt.apply_chat_template
     dataset = apply_chat_template(standardize_sharegpt(to_sharegpt(ALPACA, merged_prompt=MERGED_PROMPT)),
                                   tokenizer=tokenizer(), chat_template=NOTEBOOK_TEMPLATE)
     assert "text" in dataset.column_names

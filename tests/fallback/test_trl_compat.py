@@ -1,5 +1,6 @@
 """Unsloth-era `SFTTrainer(...)`, `DPOTrainer(...)`, ... arguments on the hf backend
 (nbddp/fallback/trl_compat.py)."""
+import os
 import sys
 
 import pytest
@@ -179,8 +180,17 @@ def test_patching_the_config_twice_wraps_once(config_class):
     assert config_class.__init__ is patched
 
 
+@pytest.fixture
+def environ_kept(monkeypatch):
+    """os.environ itself back after the test: datasets' `map` with num_proc (SFTTrainer's dataset_num_proc) leaves a
+    copy of it in its place, and what bound the original earlier (training_overrides.schema_path's default) would no
+    longer see a later test's environment."""
+    monkeypatch.setattr(os, "environ", os.environ)
+
+
 @pytest.mark.parametrize("tokenizer_keyword", ["processing_class", "tokenizer"])  # as export writes it, as Unsloth's notebooks did
-def test_unsloth_style_trainer_trains_on_cpu(hf_backend_active, tiny_model_path, tmp_path, tokenizer_keyword):
+def test_unsloth_style_trainer_trains_on_cpu(hf_backend_active, environ_kept, tiny_model_path, tmp_path,
+                                             tokenizer_keyword):
     from datasets import Dataset
     from trl import SFTTrainer
     from unsloth import FastLanguageModel, is_bfloat16_supported

@@ -6,7 +6,7 @@ import pytest
 from trl import DPOConfig, GRPOConfig, SFTConfig
 
 from nbddp.errors import UsageError
-from nbddp.fallback import rl_config_compat as config_keywords
+from nbddp.fallback import rl_config_compat
 
 
 @dataclasses.dataclass
@@ -30,7 +30,7 @@ class OldConfig(NewConfig):
 @pytest.fixture
 def new_config():
     cls = type("GRPOConfig", (NewConfig,), {})
-    config_keywords.patch_config(cls)
+    rl_config_compat.patch_config(cls)
     return cls
 
 
@@ -78,12 +78,12 @@ def test_a_removed_keyword_given_on_the_command_line_is_refused_with_the_advice(
                                          r"`max_prompt_length` in GRPOConfig any more .*filter overlong prompts out of "
                                          r"your dataset before training instead\. Remove `max_prompt_length`.*"
                                          r"trl==0\.22\.2"):
-        config_keywords.current_name(new_config, "max_prompt_length")
+        rl_config_compat.current_name(new_config, "max_prompt_length")
 
 
 def test_a_keyword_a_later_trl_added_is_dropped_when_it_asks_for_what_this_one_does(capsys):
     old_sft = type("SFTConfig", (NewConfig,), {})  # TRL 0.22's SFTConfig: no loss_type
-    config_keywords.patch_config(old_sft)
+    rl_config_compat.patch_config(old_sft)
     assert old_sft(loss_type="nll", warmup_steps=3).warmup_steps == 3
     assert "Unsloth: `loss_type` is not a valid SFTConfig argument for the installed TRL and will be IGNORED" in (
         capsys.readouterr().out)
@@ -91,7 +91,7 @@ def test_a_keyword_a_later_trl_added_is_dropped_when_it_asks_for_what_this_one_d
                                          r"Install trl>=0\.23\.0, or remove `loss_type`"):
         old_sft(loss_type="dft")
     other = type("RewardConfig", (NewConfig,), {})  # another config: not a keyword TRL added to it
-    config_keywords.patch_config(other)
+    rl_config_compat.patch_config(other)
     with pytest.raises(TypeError, match="loss_type"):
         other(loss_type="nll")
 
@@ -103,7 +103,7 @@ def test_an_unknown_keyword_is_left_to_the_config(new_config):
 
 def test_a_config_that_has_the_old_names_takes_them_as_they_are(capsys):
     cls = type("OldGRPOConfig", (OldConfig,), {})
-    config_keywords.patch_config(cls)
+    rl_config_compat.patch_config(cls)
     config = cls(warmup_ratio=0.1, max_prompt_length=256)
     assert (config.warmup_ratio, config.warmup_steps, config.max_prompt_length) == (0.1, 0, 256)
     assert capsys.readouterr().out == ""
@@ -117,7 +117,7 @@ def test_only_rank_0_prints_the_notice(new_config, capsys, monkeypatch):
 
 def test_patching_twice_wraps_once(new_config):
     patched = new_config.__init__
-    config_keywords.patch_config(new_config)
+    rl_config_compat.patch_config(new_config)
     assert new_config.__init__ is patched
 
 
@@ -125,14 +125,14 @@ def test_patching_twice_wraps_once(new_config):
 def test_the_notebooks_warmup_ratio_warms_up_on_this_stack(config_class, monkeypatch, tmp_path):
     # 49 GRPO notebooks, 12 SFT and the DPO one pass warmup_ratio (transformers 5 has none).
     monkeypatch.setattr(config_class, "__init__", config_class.__init__)  # restored after the test
-    config_keywords.patch_config(config_class)
+    rl_config_compat.patch_config(config_class)
     config = config_class(output_dir=str(tmp_path), warmup_ratio=0.1, bf16=False, report_to="none")
     assert config.get_warmup_steps(100) == 10
 
 
 def test_grpo_max_prompt_length_where_grpo_config_has_none(monkeypatch, tmp_path):
     monkeypatch.setattr(GRPOConfig, "__init__", GRPOConfig.__init__)
-    config_keywords.patch_config(GRPOConfig)
+    rl_config_compat.patch_config(GRPOConfig)
     if "max_prompt_length" in {field.name for field in dataclasses.fields(GRPOConfig)}:  # TRL before 0.28
         assert GRPOConfig(output_dir=str(tmp_path), max_prompt_length=256, bf16=False).max_prompt_length == 256
     else:  # dropped, as Unsloth drops it
