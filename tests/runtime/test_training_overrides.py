@@ -3,6 +3,7 @@ import dataclasses
 import importlib.metadata
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -184,6 +185,13 @@ def test_the_schema_is_cached_per_interpreter_and_versions(tmp_path, monkeypatch
     assert not [entry for entry in path.parent.iterdir() if entry != path]  # no temp file left
     monkeypatch.setattr(training_overrides.importlib.metadata, "version", lambda package: "0.0.0")
     assert training_overrides.schema_path() != path and training_overrides.cached_schema() is None
+
+
+def test_the_cache_is_where_os_environ_says_when_asked(tmp_path, monkeypatch):
+    # A notebook's Dataset.map(num_proc=...) can leave a new mapping in os.environ (datasets 4.8); one bound when
+    # the module loaded would put the schema in the user's own cache instead of the XDG_CACHE_HOME set since.
+    monkeypatch.setattr(os, "environ", {**os.environ, "XDG_CACHE_HOME": str(tmp_path)})
+    assert training_overrides.schema_path().parent == tmp_path / "nbddp" / "training-arguments"
 
 
 @pytest.mark.parametrize("text", ["", "{not json", "[1, 2]", json.dumps({"TrainingArguments": {"seed": 3}})])

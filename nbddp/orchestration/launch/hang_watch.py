@@ -41,7 +41,8 @@ class Hung:
                 f"(set {VARIABLE} to wait longer than {self.limit_s:g} s, 0 to never)")
 
 
-def limit_s(environ=os.environ) -> float:
+def limit_s(environ=None) -> float:
+    environ = os.environ if environ is None else environ
     text = environ.get(VARIABLE, str(HANG_S))
     try:
         value = float(text)

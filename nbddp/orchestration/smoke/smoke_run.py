@@ -102,19 +102,21 @@ def smoke_steps(injected):
     return steps if short else SMOKE_DEFAULTS["max_steps"]
 
 
-def smoke_environment(defaults, run_dir, environ=os.environ, steps=SMOKE_DEFAULTS["max_steps"]):
+def smoke_environment(defaults, run_dir, environ=None, steps=SMOKE_DEFAULTS["max_steps"]):
     """What the kernel's environment adds, unless the user set it: the run setting `max_steps` at `steps`, which
     `ddp.max_steps` applies to every training arguments the notebook builds, so the smoke run takes the smoke steps
     instead of the notebook's whole training (its epochs, a `max_steps` that is no parameter); for a script without an
     `output_dir` parameter, the run setting `output_dir`, which `ddp.output_dir` applies, so its checkpoints land
     here."""
+    environ = os.environ if environ is None else environ
     env = {} if ENV.MAX_STEPS in environ else {ENV.MAX_STEPS: str(steps)}
     return env | output_dir_environment(defaults, run_dir, environ)
 
 
-def output_dir_environment(defaults, output_dir, environ=os.environ):
+def output_dir_environment(defaults, output_dir, environ=None):
     """The run setting `output_dir` at `output_dir` for a script without an `output_dir` parameter, unless the user set
     it: where `ddp.output_dir(...)` points its training arguments (the smoke run's and the training run's folder)."""
+    environ = os.environ if environ is None else environ
     if "output_dir" in defaults or ENV.OUTPUT_DIR in environ:
         return {}
     return {ENV.OUTPUT_DIR: str(output_dir)}

@@ -147,9 +147,10 @@ def parse_line(line: str, where: str = FLAG) -> Override:
     return Override(name.strip(), text)
 
 
-def from_environment(environ=os.environ) -> list[Override]:
+def from_environment(environ=None) -> list[Override]:
     """The overrides in the run setting `set`, one per name: a later line for the same name wins. Blank lines are
     skipped."""
+    environ = os.environ if environ is None else environ
     overrides = {}
     for line in environ.get(ENV, "").splitlines():
         if line.strip():
@@ -159,9 +160,10 @@ def from_environment(environ=os.environ) -> list[Override]:
     return list(overrides.values())
 
 
-def environment_value(lines, environ=os.environ, where: str = FLAG) -> str:
+def environment_value(lines, environ=None, where: str = FLAG) -> str:
     """The run setting `set` for a child process (or this one): the lines `environ` already holds, then `lines` (so they
     win); each of `lines` must be one `NAME=VALUE` line."""
+    environ = os.environ if environ is None else environ
     for line in lines:
         if "\n" in line or "\r" in line:
             raise UsageError(f"{where} {line!r}: a value must fit on one line")
@@ -400,9 +402,10 @@ def stack_key() -> str:
     return "_".join([*versions, f"schema-{SCHEMA_VERSION}"])
 
 
-def schema_path(environ=os.environ) -> Path:
+def schema_path(environ=None) -> Path:
     """The cached Schema for this interpreter and its `stack_key`: under XDG_CACHE_HOME (else
     ~/.cache)/nbddp/training-arguments/. Reads package metadata only, imports nothing."""
+    environ = os.environ if environ is None else environ
     key = f"{os.path.realpath(sys.executable)}|{stack_key()}"
     root = Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return root / "nbddp" / "training-arguments" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
@@ -414,9 +417,10 @@ def shipped_schema_path() -> Path:
     return SHIPPED / f"{stack_key()}.json"
 
 
-def cached_schema(environ=os.environ) -> Schema | None:
+def cached_schema(environ=None) -> Schema | None:
     """The Schema `write_schema` left for this interpreter and versions, else the one shipped for these versions;
     None when there is neither (or it cannot be read: the next check in a child process writes it again)."""
+    environ = os.environ if environ is None else environ
     for path in (schema_path(environ), shipped_schema_path()):
         try:
             stored = json.loads(path.read_text(encoding="utf-8"))

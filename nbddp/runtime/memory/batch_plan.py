@@ -137,16 +137,18 @@ def parse_layout(value) -> str | int:
                      f"from 1), not {value!r}")
 
 
-def command_line_values(environ=os.environ) -> dict[str, str]:
+def command_line_values(environ=None) -> dict[str, str]:
     """{batch keyword: its text} that the run setting `per_process` holds: the values the command line gave (see the
     module)."""
+    environ = os.environ if environ is None else environ
     lines = (line.partition("=") for line in environ.get(PER_PROCESS, "").splitlines())
     return {name.strip(): text.strip() for name, equals, text in lines if equals and name.strip() in BATCH_KEYWORDS}
 
 
-def per_process_environment(values: dict, environ=os.environ) -> str:
+def per_process_environment(values: dict, environ=None) -> str:
     """The run setting `per_process` for this process or a child: what `environ` holds, with the BATCH_KEYWORDS among
     `values` (the command line's: flags or parameters given) set."""
+    environ = os.environ if environ is None else environ
     given = command_line_values(environ) | {name: str(values[name]) for name in BATCH_KEYWORDS if name in values}
     return "\n".join(f"{name}={text}" for name, text in given.items())
 
