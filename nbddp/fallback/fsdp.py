@@ -4,14 +4,14 @@ is the fallback's; the training arguments and the gathering of the adapter at th
 (`runtime.trainer.fsdp`).
 
 `runtime.trainer.fsdp.choose` tells the fallback the strategy it chose (`set_strategy`); `active` answers for the
-fallback's loading and saving. Under FSDP a model loads without a per-rank device map (accelerate places the shards); a 4-bit (QLoRA) one
-stores its 4-bit weights in the compute dtype (`bnb_4bit_quant_storage`) so that FSDP1 can flatten them with the rest,
-and a checkpoint saved already quantized loads from the checkpoint it was quantized from (`shardable_checkpoint`); an
-8-bit one is refused (`refuse_8bit`), and so is full finetuning (`refuse_full_finetuning`): its whole weights stay
-sharded, and the notebook's save, on the main process alone, could not gather them. The loaded model's decoder layers
-and quantization are remembered (`remember_model`) for the runtime's training arguments (`loaded_model`). A merged
-save of a sharded model (`is_sharded`) merges the adapter gathered at the end of training into the base checkpoint,
-loaded again whole by the main process (`merged_in_one_process`).
+fallback's loading and saving. Under FSDP a model loads without a per-rank device map (accelerate places the shards); a
+4-bit (QLoRA) one stores its 4-bit weights in the compute dtype (`bnb_4bit_quant_storage`) so that FSDP1 can flatten
+them with the rest, and a checkpoint saved already quantized loads from the checkpoint it was quantized from
+(`shardable_checkpoint`); an 8-bit one is refused (`refuse_8bit`), and so is full finetuning (`refuse_full_finetuning`):
+its whole weights stay sharded, and the notebook's save, on the main process alone, could not gather them. The loaded
+model's decoder layers and quantization are remembered (`remember_model`) for the runtime's training arguments
+(`loaded_model`). A merged save of a sharded model (`is_sharded`) merges the adapter gathered at the end of training
+into the base checkpoint, loaded again whole by the main process (`merged_in_one_process`).
 """
 import re
 

@@ -332,7 +332,8 @@ def test_the_parent_checks_without_importing_transformers(tmp_path):
             "except parameters.UsageError as error:\n"
             "    print(error)\n"
             "children = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
-            "print(sorted(m for m in ('transformers', 'trl') if m in sys.modules), children.ru_utime + children.ru_stime)")
+            "seconds = children.ru_utime + children.ru_stime\n"
+            "print(sorted(m for m in ('transformers', 'trl') if m in sys.modules), seconds)")
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
             for _ in range(2)]
