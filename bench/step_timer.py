@@ -7,6 +7,9 @@ to the accelerator and removes named callbacks (bench variants), times batch fet
 class method's source, so the class is left alone), runs training and writes
 `<result_dir>/rank<R>.json`.
 
+Beside each step's host time, the time Python's cyclic garbage collector ran in it (`gc_ms`, from
+`gc.callbacks`), since a host-bound step pays for every collection.
+
 Step time is the device-side interval between CUDA events recorded at consecutive `on_step_end`s,
 so it covers everything in a step: batch fetch, forward/backward of every micro batch, gradient
 all-reduce and optimizer. Events are read once, after training, so timing adds no synchronisation
@@ -16,6 +19,7 @@ With `profile_steps=(first, last)`, torch.profiler records steps first..last (th
 the timed steps) and each rank writes `rank<R>_profile.json` (bench.profile_summary: busy, collective and
 idle time per GPU), `rank<R>_ops.txt` (the profiler's operator table) and `rank<R>_trace.json.gz`.
 """
+import gc
 import importlib.abc
 import importlib.util
 import json
@@ -112,6 +116,8 @@ class Report:
         self.events = []  # CUDA events at on_step_end (index 0: train begin)
         self.host_times = []  # perf_counter at the same points
         self.fetch_ms = []
+        self.gc_ms = []  # per interval from each mark on: ms the cyclic collector ran in it
+        self.gc_started = None
         self.data = {"t_train_called_s": None, "t_first_step_s": None}
 
     def attach(self, trainer):
@@ -186,11 +192,21 @@ class Report:
             trainer.remove_callback(callback)
 
     def mark(self, torch):
+        if not self.host_times:
+            gc.callbacks.append(self.time_collection)
+        self.gc_ms.append(0.0)
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self.events.append(event)
         self.host_times.append(time.perf_counter())
+
+    def time_collection(self, phase, info):
+        if phase == "start":
+            self.gc_started = time.perf_counter()
+        elif self.gc_started is not None:
+            self.gc_ms[-1] += (time.perf_counter() - self.gc_started) * 1e3
+            self.gc_started = None
 
     def start_profile(self):
         from torch.profiler import ProfilerActivity, profile
@@ -247,6 +263,8 @@ class Report:
         import torch
 
         self.synchronize(torch)
+        if self.time_collection in gc.callbacks:
+            gc.callbacks.remove(self.time_collection)
         rank, world = _rank_and_world()
         args = self.trainer.args
         step_ms = self.device_step_ms()
@@ -267,6 +285,7 @@ class Report:
             "step_ms": step_ms,
             "host_step_ms": host_ms,
             "batch_fetch_ms": self.fetch_ms,
+            "gc_ms": self.gc_ms[:-1],  # per step, as host_step_ms (the last interval runs past training)
             "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if self.cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2 ** 30 if self.cuda else None,
             "torch_threads": torch.get_num_threads(),

@@ -38,3 +38,20 @@ def test_hook_patches_the_module_once_it_is_imported(tmp_path, monkeypatch):
 def test_other_modules_are_left_to_the_normal_finders():
     hook = _PatchAfterImport("fakepkg.trainer", lambda module: None)
     assert hook.find_spec("json", None) is None
+
+
+def test_collections_are_timed_in_the_step_they_ran_in():
+    import gc
+
+    from bench.step_timer import Report
+
+    report = Report("/unused", 0.0, {})
+    report.cuda = False
+    gc.disable()  # no automatic collection: only the explicit one below
+    report.mark(None)  # train begins
+    report.mark(None)  # step 1 ends: no collection in it
+    gc.collect()
+    report.mark(None)  # step 2 ends: one full collection in it
+    gc.callbacks.remove(report.time_collection)
+    gc.enable()
+    assert report.gc_ms[:-1] == [0.0, report.gc_ms[1]] and report.gc_ms[1] > 0.0
