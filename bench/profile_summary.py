@@ -72,13 +72,15 @@ LAUNCH_NAMES = ("cudaLaunchKernel", "cuLaunchKernelEx", "cuLaunchKernel", "cudaL
 
 
 def host_counts(trace, steps):
-    """Per step: kernel launches (by API), memsets, host<->device copies (pinned ones apart), checkpoint function
-    calls (forward; their backward apart), and the busy fraction of every device's kernels over the wall time."""
+    """Per step: kernel launches (by API), host waits for the device (by API), memsets, host<->device copies (pinned
+    ones apart), checkpoint function calls (forward; their backward apart)."""
     counts = defaultdict(int)
     for event in trace.get("traceEvents", []):
         name, category = event.get("name", ""), event.get("cat", "")
         if name in LAUNCH_NAMES:
             counts["launches." + name] += 1
+        elif category in ("cuda_runtime", "cuda_driver") and "Synchronize" in name:
+            counts["syncs." + name] += 1  # the host waited for the device (cudaDeviceSynchronize, ...)
         elif category == "gpu_memset":
             counts["memsets"] += 1
         elif category == "gpu_memcpy":
@@ -92,6 +94,7 @@ def host_counts(trace, steps):
             counts["checkpoint_backward"] += 1  # not the engine's "autograd::engine::evaluate_function: ..." twin
     per_step = {key: value / steps for key, value in sorted(counts.items())}
     per_step["launches"] = sum(value for key, value in per_step.items() if key.startswith("launches."))
+    per_step["syncs"] = sum(value for key, value in per_step.items() if key.startswith("syncs."))
     for key in ("checkpoint_calls", "checkpoint_backward", "memcpy_pinned.HtoD", "memcpy_pinned.DtoH"):
         per_step.setdefault(key, 0.0)
     return per_step

@@ -120,6 +120,11 @@ PATCHES = {
         "transformers.trainer.DEFAULT_CALLBACKS, Trainer._get_output_dir, .train, ._save_checkpoint",
         "transformers", "every run",
         "a checkpoint is resumed from only once every rank finished writing it (runtime.trainer.training_checkpoints)"),
+    "bitsandbytes-step-syncs": Patch(
+        "bitsandbytes.optim.optimizer.sync_gpu (from torch's optimizer step pre-hooks)", "bitsandbytes", "every run",
+        "bitsandbytes synchronises the device after each parameter's update, which its kernels on the default "
+        "stream do not need (bitsandbytes-foundation/bitsandbytes#2050): a host-bound step waited for the GPU 448 "
+        "times (runtime.trainer.optimizers)"),
     "json-data-lines": Patch(
         "datasets.load_dataset", "datasets", "every run",
         "load_dataset('json') fails on a line that is no JSON object without naming the file or the line "

@@ -46,6 +46,8 @@ def test_host_counts_launches_copies_and_checkpoint_calls_per_step():
     events = (
         [{"name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 0, "dur": 1}] * 6
         + [{"name": "cuLaunchKernelEx", "cat": "cuda_driver", "ts": 0, "dur": 1}] * 2
+        + [{"name": "cudaDeviceSynchronize", "cat": "cuda_runtime", "ts": 0, "dur": 1}] * 6
+        + [{"name": "cudaStreamSynchronize", "cat": "cuda_runtime", "ts": 0, "dur": 1}] * 2
         + [{"name": "Memcpy HtoD (Pinned -> Device)", "cat": "gpu_memcpy", "ts": 0, "dur": 1}] * 4
         + [{"name": "Memcpy DtoH (Device -> Pageable)", "cat": "gpu_memcpy", "ts": 0, "dur": 1}] * 2
         + [{"name": "Memset (Device)", "cat": "gpu_memset", "ts": 0, "dur": 1}] * 2
@@ -55,6 +57,7 @@ def test_host_counts_launches_copies_and_checkpoint_calls_per_step():
             "ts": 0, "dur": 1}] * 4)
     counts = host_counts({"traceEvents": events}, steps=2)
     assert counts["launches"] == 4 and counts["launches.cudaLaunchKernel"] == 3
+    assert counts["syncs"] == 4 and counts["syncs.cudaDeviceSynchronize"] == 3
     assert counts["memcpy.HtoD"] == 2 and counts["memcpy_pinned.HtoD"] == 2
     assert counts["memcpy.DtoH"] == 1 and counts["memcpy_pinned.DtoH"] == 0
     assert counts["memsets"] == 1
