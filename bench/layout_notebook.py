@@ -615,7 +615,7 @@ def _step_times(path):
     record = _read_json(path)
     if record is None:
         return None
-    return {key: record.get(key) for key in ("step_ms", "host_step_ms", "gc_ms", "peak_allocated_gib",
+    return {key: record.get(key) for key in ("step_ms", "host_step_ms", "gc_ms", "batch_shapes", "peak_allocated_gib",
                                              "peak_reserved_gib", "row_tokens", "per_device_train_batch_size",
                                              "gradient_accumulation_steps", "gradient_checkpointing_arg")}
 

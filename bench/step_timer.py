@@ -8,7 +8,8 @@ class method's source, so the class is left alone), runs training and writes
 `<result_dir>/rank<R>.json`.
 
 Beside each step's host time, the time Python's cyclic garbage collector ran in it (`gc_ms`, from
-`gc.callbacks`), since a host-bound step pays for every collection.
+`gc.callbacks`), since a host-bound step pays for every collection, and each micro batch's `input_ids` shape
+(`batch_shapes`, padding included), which sets the step's activation memory.
 
 Step time is the device-side interval between CUDA events recorded at consecutive `on_step_end`s,
 so it covers everything in a step: batch fetch, forward/backward of every micro batch, gradient
@@ -81,6 +82,12 @@ def _wrap_train(trainer_module, report):
     trainer_module.Trainer.train = train
 
 
+def _input_shape(batch):
+    """A micro batch's input_ids shape (host metadata: no sync), None for a batch without them."""
+    ids = batch.get("input_ids") if hasattr(batch, "get") else None
+    return list(ids.shape) if hasattr(ids, "shape") else None
+
+
 def _rank_and_world():
     import torch.distributed as dist
 
@@ -116,6 +123,7 @@ class Report:
         self.events = []  # CUDA events at on_step_end (index 0: train begin)
         self.host_times = []  # perf_counter at the same points
         self.fetch_ms = []
+        self.batch_shapes = []  # per optimizer step: each micro batch's input_ids shape, padding included
         self.gc_ms = []  # per interval from each mark on: ms the cyclic collector ran in it
         self.gc_started = None
         self.data = {"t_train_called_s": None, "t_first_step_s": None}
@@ -144,9 +152,11 @@ class Report:
         def timed_fetch(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return fetch(*args, **kwargs)
+                fetched = fetch(*args, **kwargs)
             finally:
                 self.fetch_ms.append((time.perf_counter() - start) * 1e3)
+            self.batch_shapes.append([_input_shape(batch) for batch in fetched[0]])
+            return fetched
 
         trainer.get_batch_samples = timed_fetch
         report = self
@@ -285,6 +295,7 @@ class Report:
             "step_ms": step_ms,
             "host_step_ms": host_ms,
             "batch_fetch_ms": self.fetch_ms,
+            "batch_shapes": self.batch_shapes,
             "gc_ms": self.gc_ms[:-1],  # per step, as host_step_ms (the last interval runs past training)
             "peak_allocated_gib": torch.cuda.max_memory_allocated() / 2 ** 30 if self.cuda else None,
             "peak_reserved_gib": torch.cuda.max_memory_reserved() / 2 ** 30 if self.cuda else None,

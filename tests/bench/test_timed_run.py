@@ -21,6 +21,7 @@ def test_timed_run_reports_every_step_of_an_unmodified_trainer_script(tmp_path, 
     assert len(record["step_ms"]) == 5 and all(ms > 0 for ms in record["step_ms"])
     assert len(record["batch_fetch_ms"]) == 5
     assert len(record["gc_ms"]) == 5 and all(ms >= 0 for ms in record["gc_ms"])
+    assert record["batch_shapes"] == [[[2, 16]]] * 5  # one micro batch of 2 rows of 16 tokens a step
     assert record["row_tokens"] == {"checked": 32, "min": 16, "max": 16, "mean": 16.0}
     assert record["tokens_per_step"] == 2 * 16
     assert record["world_size"] == 1 and record["t_first_step_s"] > 0
