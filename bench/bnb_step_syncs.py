@@ -1,5 +1,6 @@
 """bitsandbytes' 8-bit AdamW step on Llama-3.1 8B's LoRA tensors (r 16 on the 7 projections of 32 layers: 448
-tensors), as bitsandbytes runs it (a device sync after each tensor) and under nbddp's patch (none), on one GPU.
+tensors), as bitsandbytes runs it (a device sync after each tensor) and under the fallback's patch (none), on one
+GPU. Unsloth, not imported here, skips the same syncs itself: this is what the Transformers+PEFT fallback gains.
 
     python -m bench.bnb_step_syncs --out $OUT/bnb_step_syncs.json [--rounds 3 --steps 30]
 
@@ -19,7 +20,7 @@ import time
 import torch
 
 from nbddp import patches
-from nbddp.runtime.trainer import optimizers
+from nbddp.fallback import bitsandbytes_compat
 
 RANK, HIDDEN, KV, INTERMEDIATE, LAYERS = 16, 4096, 1024, 14336, 32
 # (in, out) of each projection that carries LoRA in Unsloth's notebooks
@@ -37,7 +38,7 @@ def trial(patched: bool, warmup: int, steps: int) -> dict:
 
     patches.undo()
     if patched:
-        optimizers.patch_bitsandbytes_step()
+        bitsandbytes_compat.patch_optimizer_step()
     generator = torch.Generator(device="cuda").manual_seed(3407)
     params = [torch.nn.Parameter(torch.randn(shape, device="cuda", generator=generator) * 0.02)
               for shape in lora_shapes()]

@@ -121,10 +121,11 @@ PATCHES = {
         "transformers", "every run",
         "a checkpoint is resumed from only once every rank finished writing it (runtime.trainer.training_checkpoints)"),
     "bitsandbytes-step-syncs": Patch(
-        "bitsandbytes.optim.optimizer.sync_gpu (from torch's optimizer step pre-hooks)", "bitsandbytes", "every run",
-        "bitsandbytes synchronises the device after each parameter's update, which its kernels on the default "
-        "stream do not need (bitsandbytes-foundation/bitsandbytes#2050): a host-bound step waited for the GPU 448 "
-        "times (runtime.trainer.optimizers)"),
+        "bitsandbytes.optim.optimizer.sync_gpu (from torch's optimizer step pre-hooks)", "bitsandbytes",
+        "hf backend",
+        "bitsandbytes syncs the device after each parameter's update, which its kernels on the default stream do not "
+        "need (bitsandbytes-foundation/bitsandbytes#2050); importing Unsloth skips those syncs "
+        "(unsloth/import_fixes.py), the fallback on a GPU does the same (nbddp.fallback.bitsandbytes_compat)"),
     "json-data-lines": Patch(
         "datasets.load_dataset", "datasets", "every run",
         "load_dataset('json') fails on a line that is no JSON object without naming the file or the line "

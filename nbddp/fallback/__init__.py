@@ -21,6 +21,8 @@ Each module stands in for the Unsloth module it is named after (or the part of o
                         unsloth/import_fixes.py): Unsloth-era trainer arguments moved into the config
     rl_config_compat.py the config keywords Transformers 5 and TRL 1.x renamed or removed
                         (unsloth/models/rl_config_compat.py)
+    bitsandbytes_compat.py  what importing Unsloth does to bitsandbytes' optimizers on a GPU: no device sync
+                        after each parameter's update (unsloth/import_fixes.py)
     fsdp.py             nbddp's own, no Unsloth module's: how a model loads and merges when `--strategy fsdp` shards
                         it (Unsloth's kernels do not shard, so FSDP runs here alone), as the runtime's
                         `trainer.fsdp.choose` tells it

@@ -12,7 +12,7 @@ import torch
 
 from nbddp import patches
 from nbddp.errors import UsageError
-from nbddp.fallback import dataprep, models, trl_compat, zoo_files
+from nbddp.fallback import bitsandbytes_compat, dataprep, models, trl_compat, zoo_files
 from nbddp.runtime.inputs.flags import BACKEND_CHOICES
 from nbddp.runtime.trainer import trainer_patches
 
@@ -58,7 +58,7 @@ def activate(backend: str) -> None:
 def _install_fallback() -> None:
     """Install the fallback as the module `unsloth` (and `unsloth.chat_templates`, `unsloth.trainer`,
     `unsloth.dataprep`; and an installed unsloth_zoo's `unsloth_zoo.utils`), and patch TRL as importing Unsloth
-    does (`trl_compat.patch_trl`)."""
+    does (`trl_compat.patch_trl`), and bitsandbytes' optimizers as it does (`bitsandbytes_compat`)."""
     for name, module in (("unsloth", models), ("unsloth.chat_templates", models.chat_templates),
                          ("unsloth.trainer", models.trainer),  # fallback/trainer.py: imports trl, as patch_trl does
                          ("unsloth.dataprep", dataprep)):
@@ -77,6 +77,8 @@ def _install_fallback() -> None:
     # without it, notebooks that pass them fail here. So the fallback patches TRL itself, which means
     # importing trl now rather than in the notebook's first trainer cell.
     trl_compat.patch_trl()
+    # Importing Unsloth also spares bitsandbytes' optimizers a device sync per parameter; on a GPU, so does this.
+    bitsandbytes_compat.patch_optimizer_step()
 
 
 def _unsloth_installed() -> bool:

@@ -26,12 +26,11 @@ def install() -> None:
     `smoke_layout_check`), their held-out loss on N processes is one process's (see `eval_loss`), a multimodal model's
     unused tower adapters do not stop DDP (see `unused_parameters`), and nbddp's progress and metrics callbacks join
     every trainer (`register_callbacks`), with the gathering of an FSDP model's adapter under `--strategy fsdp` (see
-    `fsdp`), and bitsandbytes' optimizers step without a device sync per parameter (see `optimizers`). Imports
-    transformers: after Unsloth. Installing twice is once."""
+    `fsdp`). Imports transformers: after Unsloth. Installing twice is once."""
     from transformers import Trainer
 
     from nbddp.runtime.memory import fuller_batch, gradient_checkpointing, smoke_layout_check
-    from nbddp.runtime.trainer import eval_loss, fsdp, optimizers, unused_parameters
+    from nbddp.runtime.trainer import eval_loss, fsdp, unused_parameters
 
     gradient_checkpointing.patch_trainer(Trainer)
     fuller_batch.patch_trainer(Trainer)
@@ -39,7 +38,6 @@ def install() -> None:
     eval_loss.patch_evaluation_loop(Trainer)
     unused_parameters.patch_trainer(Trainer)
     register_callbacks()
-    optimizers.patch_bitsandbytes_step()
     if fsdp.active():
         fsdp.install()
 

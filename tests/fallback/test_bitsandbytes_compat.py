@@ -1,6 +1,7 @@
-"""bitsandbytes' step without a device sync per parameter (runtime.trainer.optimizers.patch_bitsandbytes_step), on a
+"""bitsandbytes' step without a device sync per parameter on the fallback (fallback.bitsandbytes_compat), on a
 stand-in for bitsandbytes' optimizer module: the real one needs CUDA to take the path that changes."""
 import importlib.util
+import inspect
 import sys
 import types
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from nbddp import patches
-from nbddp.runtime.trainer import optimizers
+from nbddp.fallback import bitsandbytes_compat
 
 # bitsandbytes 0.50's Optimizer8bit.step, cut to what the patch depends on: a module-level sync_gpu after each update
 STEP = '''
@@ -47,7 +48,7 @@ def library(monkeypatch, backend_patches_undone_after):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "bitsandbytes"
                         else find_spec(name, *a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(optimizers, "_steps_on_default_stream", lambda optimizer: True)
+    monkeypatch.setattr(bitsandbytes_compat, "_steps_on_default_streams", lambda optimizer: True)
     return module
 
 
@@ -57,7 +58,7 @@ def parameters(count=3):
 
 def test_a_step_on_the_default_stream_updates_every_parameter_without_a_sync(library):
     optimizer = library.Optimizer8bit(parameters())  # built first: torch has frozen its class's step already
-    optimizers.patch_bitsandbytes_step()
+    bitsandbytes_compat.patch_optimizer_step()
     assert optimizer.step() == "stepped"
     assert len(library.updated) == 3 and library.synced == []
 
@@ -68,16 +69,24 @@ def test_without_the_patch_every_parameter_syncs(library):
 
 
 def test_paged_optimizers_and_other_streams_keep_their_syncs(library, monkeypatch):
-    optimizers.patch_bitsandbytes_step()
+    bitsandbytes_compat.patch_optimizer_step()
     library.Optimizer8bit(parameters(), is_paged=True).step()
     assert len(library.synced) == 3
-    monkeypatch.setattr(optimizers, "_steps_on_default_stream", lambda optimizer: False)
+    monkeypatch.setattr(bitsandbytes_compat, "_steps_on_default_streams", lambda optimizer: False)
     library.Optimizer8bit(parameters()).step()
     assert len(library.synced) == 6
 
 
+def test_after_a_step_without_syncs_a_paged_one_syncs_again(library):
+    bitsandbytes_compat.patch_optimizer_step()
+    library.Optimizer8bit(parameters()).step()
+    assert library.synced == []
+    library.Optimizer8bit(parameters(), is_paged=True).step()
+    assert len(library.synced) == 3
+
+
 def test_other_optimizers_leave_the_choice_alone(library):
-    optimizers.patch_bitsandbytes_step()
+    bitsandbytes_compat.patch_optimizer_step()
     library.Optimizer8bit(parameters(), is_paged=True).step()
     torch.optim.SGD(parameters(), lr=0.1).step()
     library.sync_gpu(None)
@@ -86,8 +95,8 @@ def test_other_optimizers_leave_the_choice_alone(library):
 
 def test_patching_twice_is_once_and_undo_restores(library):
     original = library.sync_gpu
-    optimizers.patch_bitsandbytes_step()
-    optimizers.patch_bitsandbytes_step()
+    bitsandbytes_compat.patch_optimizer_step()
+    bitsandbytes_compat.patch_optimizer_step()
     assert patches.active().count("bitsandbytes-step-syncs") == 1
     library.Optimizer8bit(parameters()).step()
     assert library.synced == []
@@ -99,10 +108,16 @@ def test_patching_twice_is_once_and_undo_restores(library):
 
 def test_nothing_changes_without_cuda(library, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    optimizers.patch_bitsandbytes_step()
+    bitsandbytes_compat.patch_optimizer_step()
     library.Optimizer8bit(parameters()).step()
     assert len(library.synced) == 3 and patches.active() == ()
 
 
 def test_parameters_off_the_gpu_are_not_on_a_default_stream():
-    assert not optimizers._steps_on_default_stream(torch.optim.SGD(parameters(), lr=0.1))
+    assert not bitsandbytes_compat._steps_on_default_streams(torch.optim.SGD(parameters(), lr=0.1))
+
+
+def test_the_installed_step_still_syncs_per_parameter():
+    """What the patch relies on, in the installed bitsandbytes's source (the GPU image's; absent on CPU hosts)."""
+    module = pytest.importorskip("bitsandbytes.optim.optimizer")
+    assert "sync_gpu(p)" in inspect.getsource(module.Optimizer8bit.step)
