@@ -9,6 +9,8 @@ on the same data in the same order (bitsandbytes-foundation/bitsandbytes#2050 dr
 """
 import importlib.util
 
+from nbddp import patches
+
 PATCH = "bitsandbytes-step-syncs"
 
 
@@ -16,16 +18,16 @@ def patch_optimizer_step() -> None:
     """Before each step of a bitsandbytes optimizer, a global optimizer step pre-hook sets bitsandbytes' `sync_gpu`:
     a no-op when the optimizer is not paged and every parameter's device steps on its default stream, bitsandbytes'
     own otherwise (torch freezes a subclass's `step` when its first instance is built, so `step` is not wrapped).
-    Nothing without CUDA or bitsandbytes, or with a bitsandbytes whose step no longer syncs per parameter; patching
-    twice is once."""
+    Nothing without CUDA or a loadable bitsandbytes, or with one that no longer has `sync_gpu`; patching twice is
+    once."""
     import torch
-
-    from nbddp import patches
 
     if PATCH in patches.active() or not torch.cuda.is_available() or importlib.util.find_spec("bitsandbytes") is None:
         return
-    import bitsandbytes.optim.optimizer as module
-
+    try:
+        import bitsandbytes.optim.optimizer as module
+    except Exception:  # a bitsandbytes that cannot load here (its CUDA library): nothing of it runs to patch
+        return
     synchronize = getattr(module, "sync_gpu", None)
     if synchronize is None or not hasattr(module, "Optimizer8bit"):
         return

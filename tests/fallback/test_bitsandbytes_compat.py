@@ -121,3 +121,9 @@ def test_the_installed_step_still_syncs_per_parameter():
     """What the patch relies on, in the installed bitsandbytes's source (the GPU image's; absent on CPU hosts)."""
     module = pytest.importorskip("bitsandbytes.optim.optimizer")
     assert "sync_gpu(p)" in inspect.getsource(module.Optimizer8bit.step)
+
+
+def test_a_bitsandbytes_that_cannot_load_is_left_alone(library, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bitsandbytes.optim.optimizer", None)  # import raises ImportError
+    bitsandbytes_compat.patch_optimizer_step()
+    assert patches.active() == ()
