@@ -40,6 +40,13 @@ PATCHES = {
         "transformers.Trainer.compute_loss", "transformers", "unsloth backend",
         "unslothai/unsloth#3452: Trainer scales the loss in place on N processes, which autograd refuses for the "
         "view Unsloth's fused cross-entropy returns (runtime.trainer.trainer_patches)"),
+    "unsloth-packed-attention": Patch(
+        "unsloth.utils.attention_dispatch._TORCH_VARLEN_ATTN, _LEAN_VARLEN, _varlen_can_use_cudnn", "unsloth",
+        "unsloth backend",
+        "Unsloth 2026.10.9 runs a padding-free row's attention as one varlen flash call only with torch 2.12's "
+        "varlen_attn(enable_gqa=); on torch 2.11 without flash-attn or a loading xformers it runs SDPA once per "
+        "sequence, about half a step's kernel launches: its own aten flash path runs there "
+        "(runtime.packed_attention)"),
     "trl-unsloth-arguments": Patch(
         "__init__ of TRL's SFT, GRPO, DPO and ORPO trainers", "trl", "hf backend",
         "TRL 0.13 moved dataset_text_field=, max_seq_length=, beta=, tokenizer= into the configs; importing Unsloth "

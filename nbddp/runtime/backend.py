@@ -13,6 +13,7 @@ import torch
 from nbddp import patches
 from nbddp.errors import UsageError
 from nbddp.fallback import bitsandbytes_compat, dataprep, models, trl_compat, zoo_files
+from nbddp.runtime import packed_attention
 from nbddp.runtime.inputs.flags import BACKEND_CHOICES
 from nbddp.runtime.trainer import trainer_patches
 
@@ -47,6 +48,7 @@ def activate(backend: str) -> None:
         # (unsloth_zoo.utils.distributed_function). Imported on local rank 0 first while the others waited
         # in a barrier, it hung on 2 GPUs until the NCCL watchdog aborted (unsloth 2026.10.9).
         importlib.import_module("unsloth")
+        packed_attention.use_varlen_kernel()
         import trl
         from transformers import Trainer
 
