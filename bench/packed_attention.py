@@ -9,8 +9,9 @@ The micro batch: 8 sequences of alpaca-cleaned's heavy-tail lengths (LENGTHS, 2,
 `--layers` forward+backward calls (one step's attention), `host_ms` the time to issue them, `drained_ms` until the
 GPU finished them, `launches` the kernel launches of one call (torch.profiler). Variants alternate within a round.
 `error`: each variant's largest difference from a float32 reference (SDPA per sequence in float32) in the output and
-the three input gradients, relative to that tensor's largest value; `max_rel_diff`: between the two variants. Needs
-CUDA and Unsloth (the GPU image's).
+the three input gradients, relative to that tensor's largest value; `max_rel_diff`: between the two variants.
+`windows`: the same two figures, untimed, for a sliding-window layer (WINDOWS: Gemma's and Mistral's local
+attention, which the patch also routes to the varlen kernel). Needs CUDA and Unsloth (the GPU image's).
 """
 import argparse
 import importlib.metadata
@@ -21,6 +22,7 @@ import time
 
 LENGTHS = (74, 164, 372, 120, 955, 201, 97, 301)
 HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+WINDOWS = (64,)
 
 
 def inputs(torch, device):
@@ -33,28 +35,42 @@ def inputs(torch, device):
     return tensor(HEADS), tensor(KV_HEADS), tensor(KV_HEADS), tensor(HEADS).transpose(1, 2).contiguous()
 
 
-def attention_call(dispatch, seq_info, q, k, v, grad_out):
-    """One layer's attention forward and backward as Unsloth's Llama runs it; (output, dq, dk, dv)."""
+def packed_info(torch, packing):
+    """The micro batch's sequence table, built once per micro batch as Unsloth's Llama forward does for its layers."""
+    return packing.get_packed_info_from_kwargs(
+        {"packed_seq_lengths": torch.tensor(LENGTHS, dtype=torch.int32)}, torch.device("cuda"))
+
+
+def attention_call(dispatch, seq_info, q, k, v, grad_out, window=None):
+    """One layer's attention forward and backward as Unsloth's Llama runs it (`window`: a sliding-window layer's
+    width); (output, dq, dk, dv)."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     config = dispatch.AttentionConfig(backend=dispatch.select_attention_backend(True), n_kv_heads=KV_HEADS,
                                       n_groups=HEADS // KV_HEADS, flash_dense_kwargs={"causal": True},
                                       flash_varlen_kwargs={"dropout_p": 0.0, "causal": True})
     context = dispatch.AttentionContext(bsz=1, q_len=q.shape[2], kv_seq_len=k.shape[2], n_heads=HEADS,
                                         head_dim=HEAD_DIM, requires_grad=True, seq_info=seq_info, training=True,
-                                        attention_mask=None, causal_mask=None)
+                                        attention_mask=None, causal_mask=None, sliding_window=window)
     out = dispatch.run_attention(config=config, context=context, Q=q, K=k, V=v)
     out.backward(grad_out.view(out.shape))
     return out.detach(), q.grad, k.grad, v.grad
 
 
-def reference(torch, q, k, v, grad_out):
-    """Causal attention within each sequence, in float32, one SDPA per sequence; (output (1, T, H, D), dq, dk, dv)."""
+def reference(torch, q, k, v, grad_out, window=None):
+    """Causal attention within each sequence (with `window`: to the `window` latest keys, itself included), in
+    float32, one SDPA per sequence; (output (1, T, H, D), dq, dk, dv)."""
     q, k, v = (x.detach().float().requires_grad_() for x in (q, k, v))
     outs, start = [], 0
     for length in LENGTHS:
         part = slice(start, start + length)
         kk, vv = (x[:, :, part].repeat_interleave(HEADS // KV_HEADS, dim=1) for x in (k, v))
-        outs.append(torch.nn.functional.scaled_dot_product_attention(q[:, :, part], kk, vv, is_causal=True))
+        if window is None:
+            outs.append(torch.nn.functional.scaled_dot_product_attention(q[:, :, part], kk, vv, is_causal=True))
+        else:
+            position = torch.arange(length, device=q.device)
+            offset = position[:, None] - position[None, :]
+            band = (offset >= 0) & (offset < window)
+            outs.append(torch.nn.functional.scaled_dot_product_attention(q[:, :, part], kk, vv, attn_mask=band))
         start += length
     out = torch.cat(outs, dim=2).transpose(1, 2)
     out.backward(grad_out.float().view(out.shape))
@@ -106,9 +122,7 @@ def main():
         patches.undo()
         if patched and not packed_attention.use_varlen_kernel():
             return None  # this Unsloth and torch have a packed path the patch leaves alone
-        # once per micro batch, as Unsloth's Llama forward does for all its layers
-        seq_info = packing.get_packed_info_from_kwargs(
-            {"packed_seq_lengths": torch.tensor(LENGTHS, dtype=torch.int32)}, torch.device("cuda"))
+        seq_info = packed_info(torch, packing)
         for _ in range(3):
             attention_call(dispatch, seq_info, *tensors)  # warm-up: cuDNN plans, caches
         host, drained = timed(torch, dispatch, seq_info, tensors, args.layers)
@@ -126,6 +140,18 @@ def main():
                        for name, result in results.items()})
         print(f"round {round_ + 1}: {json.dumps(rounds[-1])}", flush=True)
     applies = results["nbddp"] is not None
+    windows = {}
+    for window in WINDOWS:
+        exact_window, got = reference(torch, *tensors, window=window), {}
+        for name in ("unsloth", "nbddp") if applies else ("unsloth",):
+            patches.undo()
+            if name == "nbddp":
+                packed_attention.use_varlen_kernel()
+            got[name] = attention_call(dispatch, packed_info(torch, packing), *tensors, window=window)
+        patches.undo()
+        windows[window] = {"error": {name: largest_difference(torch, result, exact_window)
+                                     for name, result in got.items()},
+                           "max_rel_diff": largest_difference(torch, got["nbddp"], got["unsloth"]) if applies else None}
     summary = {
         "what": __doc__.split("\n\n")[0], "lengths": LENGTHS, "tokens": sum(LENGTHS), "layers": args.layers,
         "patch_applies": applies, "rounds": rounds,
@@ -135,13 +161,13 @@ def main():
                   for name, result in results.items() if result},
         "max_rel_diff": (largest_difference(torch, results["nbddp"]["result"], results["unsloth"]["result"])
                          if applies else None),
-        "device": torch.cuda.get_device_name(), "python": platform.python_version(),
+        "windows": windows, "device": torch.cuda.get_device_name(), "python": platform.python_version(),
         "versions": {name: importlib.metadata.version(name) for name in ("torch", "unsloth")},
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     with open(args.out, "w") as out:
         json.dump(summary, out, indent=1)
-    print(json.dumps({key: summary[key] for key in ("median", "error", "max_rel_diff", "device")}))
+    print(json.dumps({key: summary[key] for key in ("median", "error", "max_rel_diff", "windows", "device")}))
 
 
 if __name__ == "__main__":

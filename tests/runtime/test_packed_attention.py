@@ -42,6 +42,11 @@ def torch_211_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *
     return ("varlen_attn", query, key, value)
 
 
+def torch_212_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None, window_size=(-1, -1),
+                          enable_gqa=False):
+    return ("varlen_attn", query, key, value)
+
+
 @pytest.fixture
 def dispatch(monkeypatch, backend_patches_undone_after):
     """The stand-in in sys.modules, CUDA and torch's flash kernel said to be there, torch 2.11's varlen_attn."""
@@ -63,11 +68,8 @@ def call(module, heads=8, kv_heads=2):
                                     enable_gqa=heads != kv_heads)
 
 
-def test_before_the_patch_unsloth_has_no_varlen_kernel_on_torch_2_11(dispatch):
-    assert not dispatch._torch_varlen_takes()
-
-
 def test_the_patch_sends_eager_packed_attention_to_unsloths_lean_flash_path(dispatch):
+    assert not dispatch._torch_varlen_takes()
     assert packed_attention.use_varlen_kernel()
     assert dispatch._torch_varlen_takes()
     assert call(dispatch)[0] == "lean"
@@ -83,13 +85,6 @@ def test_a_compiled_call_gets_torch_2_11s_varlen_attn_with_the_key_value_heads_r
     assert name == "varlen_attn" and key.shape == value.shape == (5, 8, 4)
     for head in range(8):  # query head h reads key/value head h // 4
         assert torch.equal(key[:, head], k[:, head // 4]) and torch.equal(value[:, head], v[:, head // 4])
-
-
-def test_without_grouped_query_attention_the_compiled_call_passes_the_heads_through(dispatch):
-    packed_attention.use_varlen_kernel()
-    dispatch.compiling[0] = True
-    _, _, key, _ = call(dispatch, heads=4, kv_heads=4)
-    assert key.shape == (5, 4, 4)
 
 
 def test_undo_puts_unsloths_module_back(dispatch):
@@ -112,9 +107,8 @@ def test_twice_is_once(dispatch):
     "del _LeanFlashVarlen",  # an Unsloth without the path the patch turns on
 ])
 def test_nothing_changes_where_unsloth_has_another_path_or_lacks_this_one(dispatch, change):
-    before = dispatch._TORCH_VARLEN_ATTN
     exec(change, dispatch.__dict__)
-    before = dispatch.__dict__.get("_TORCH_VARLEN_ATTN", before)
+    before = dispatch._TORCH_VARLEN_ATTN
     assert not packed_attention.use_varlen_kernel()
     assert dispatch._TORCH_VARLEN_ATTN is before and dispatch._LEAN_VARLEN is False
 
@@ -130,6 +124,19 @@ def test_nothing_changes_without_cuda_or_torchs_flash_kernel_or_window_size(disp
         max_k, *, is_causal=False: None  # torch 2.10's: no window_size
     assert not packed_attention.use_varlen_kernel()
     assert dispatch._TORCH_VARLEN_ATTN is None and packed_attention.PATCH not in patches.active()
+
+
+@pytest.mark.parametrize("switch", packed_attention.SWITCHES)
+def test_unsloths_own_switch_off_keeps_its_varlen_path_off(dispatch, monkeypatch, switch):
+    monkeypatch.setenv(switch, "0")
+    assert not packed_attention.use_varlen_kernel()
+    assert dispatch._TORCH_VARLEN_ATTN is None and dispatch._LEAN_VARLEN is False
+
+
+def test_a_torch_whose_varlen_attn_has_enable_gqa_is_left_to_unsloth(dispatch):
+    sys.modules["torch.nn.attention.varlen"].varlen_attn = torch_212_varlen_attn  # Unsloth's switch off on 2.12+
+    assert not packed_attention.use_varlen_kernel()
+    assert dispatch._TORCH_VARLEN_ATTN is None
 
 
 def test_without_unsloth_imported_nothing_changes(monkeypatch, backend_patches_undone_after):
