@@ -10,12 +10,12 @@ torch is imported only after the flags are read, so `train.py --help` answers at
 only after Unsloth, or (hf backend) when `setup` patches TRL (see `backend`).
 
 The rooms: `context` (the `ddp.` facade) and what it uses directly (`once_per_machine`, `started_processes`,
-`working_directory`, `smoke_sandbox`); `backend` (real Unsloth or the Transformers+PEFT fallback, `nbddp.fallback`; `packed_attention`, what it changes
-in real Unsloth);
-`trainer` (what every Trainer gets under DDP); `memory` (batch layout, memory estimate, gradient checkpointing);
-`inputs` (flags, `--set`, data, output folders); `reporting` (metrics, progress, heartbeats, tracebacks). What the
-runtime shares with the fallback is nbddp's, beside the rooms: `nbddp.patches` (every change to other libraries,
-with why), `nbddp.rank`, `nbddp.gradient_checkpointing_modes` (the values of `use_gradient_checkpointing`).
+`working_directory`, `smoke_sandbox`); `backend` (real Unsloth or the Transformers+PEFT fallback, `nbddp.fallback`)
+and `packed_attention` (what it changes in real Unsloth); `trainer` (what every Trainer gets under DDP); `memory`
+(batch layout, memory estimate, gradient checkpointing); `inputs` (flags, `--set`, data, output folders);
+`reporting` (metrics, progress, heartbeats, tracebacks). What the runtime shares with the fallback is nbddp's,
+beside the rooms: `nbddp.patches` (every change to other libraries, with why), `nbddp.rank`,
+`nbddp.gradient_checkpointing_modes` (the values of `use_gradient_checkpointing`).
 """
 import builtins
 import importlib
