@@ -36,7 +36,8 @@ fit before the deadline, a trial only if it is expected to end before it (a pair
 one running at the deadline is stopped. After every trial `<out>/layout_1gpu.json` is rewritten (`summarize`).
 
 CPU check (no GPU, no Unsloth): LAYOUT_TINY=1 puts the tiny model (nbddp.examples.tiny_model.ensure_weights of
-models/tiny-llama) under every stand-in name and shortens the rows (LAYOUT_MIN_TOKENS/LAYOUT_MAX_TOKENS, default
+models/tiny-llama; its embeddings grown, seeded, where the tokenizer is larger: the conversational part's chat
+tokens, LAYOUT_VOCAB) under every stand-in name and shortens the rows (LAYOUT_MIN_TOKENS/LAYOUT_MAX_TOKENS, default
 128..256 with it; uniform lengths and the tiny tokenizer unless LAYOUT_LENGTHS/LAYOUT_VOCAB say otherwise); the
 script then runs on the Transformers+PEFT backend.
 """
@@ -387,6 +388,29 @@ def materialize_model(shape, work):
     return out, time.monotonic() - started
 
 
+def grown_tiny_model(model_dir, out_dir, vocab_size):
+    """The tiny model in `model_dir` with its embeddings grown to `vocab_size` rows (seeded), once, in `out_dir`: a
+    stand-in for a tokenizer larger than its 120 ids."""
+    out_dir = Path(out_dir)
+    if (out_dir / "config.json").exists():
+        return out_dir
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(SEED)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    model.resize_token_embeddings(vocab_size, mean_resizing=False)
+    partial = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    model.save_pretrained(str(partial))
+    for name in TOKENIZER_FILES:
+        if (Path(model_dir) / name).is_file():
+            shutil.copyfile(Path(model_dir) / name, partial / name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(partial, out_dir)
+    return out_dir
+
+
 def model_candidates(shape, work):
     """Model folders of `shape` already on this machine (ours, or bench.harness's in /tmp/bench), None for each
     folder that is not there or was made from another config or seed."""
@@ -456,15 +480,19 @@ def prepare_part(name, part, work):
         tokenizer_dir = chat_tokenizer(
             Path(work) / "tokenizers" / f"llama3-chat-{vocab}-{config['max_position_embeddings']}",
             config["max_position_embeddings"], base_dir=tokenizer_dir or TINY_MODEL)
-    facts["standin_names"] = unsloth_names(facts["model_id"], facts["load_in_4bit"])
-    for standin in facts["standin_names"]:
-        place_standin(model_dir, part_dir / standin, tokenizer_dir)
     tokenizer_json = (tokenizer_dir or model_dir) / "tokenizer.json"
     tokenizer_config = json.loads(((tokenizer_dir or model_dir) / "tokenizer_config.json").read_text())
     from tokenizers import Tokenizer
 
-    facts["tokenizer"] = {"size": Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True),
-                          "model_vocab_size": config["vocab_size"], "chat_tokens": part.chat_tokens}
+    size = Tokenizer.from_file(str(tokenizer_json)).get_vocab_size(with_added_tokens=True)
+    if tiny_mode() and size > config["vocab_size"]:  # the tiny model's 120 ids: the chat tokens or LAYOUT_VOCAB's
+        model_dir = grown_tiny_model(model_dir, Path(work) / "models" / f"tiny-llama-{size}", size)
+        config = json.loads((model_dir / "config.json").read_text())
+        facts["model_dir"] = str(model_dir)
+    facts["standin_names"] = unsloth_names(facts["model_id"], facts["load_in_4bit"])
+    for standin in facts["standin_names"]:
+        place_standin(model_dir, part_dir / standin, tokenizer_dir)
+    facts["tokenizer"] = {"size": size, "model_vocab_size": config["vocab_size"], "chat_tokens": part.chat_tokens}
     heavy = os.environ.get("LAYOUT_LENGTHS", "uniform" if tiny_mode() else "heavy") == "heavy"
     low, high = ((int(os.environ.get("LAYOUT_MIN_TOKENS", 128)), int(os.environ.get("LAYOUT_MAX_TOKENS", 256)))
                  if tiny_mode() else

@@ -240,3 +240,20 @@ def test_a_model_materialized_before_with_the_same_config_is_reused(tmp_path):
     assert ln.model_candidates("llama3-8b", tmp_path)[0] == folder and ln.model_ready("llama3-8b", tmp_path)
     (folder / STAMP).write_text(json.dumps(stamp_for("llama3-8b", 1, shape_config("llama3-8b"))))
     assert not ln.model_ready("llama3-8b", tmp_path)
+
+
+def test_a_tokenizer_larger_than_the_tiny_model_gets_a_tiny_model_with_as_many_embedding_rows(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from nbddp.examples.tiny_model import ensure_weights
+
+    tiny = Path(ensure_weights(str(ln.TINY_MODEL)))
+    grown = ln.grown_tiny_model(tiny, tmp_path / "tiny-131", 131)
+    before, after = (AutoModelForCausalLM.from_pretrained(str(d)) for d in (tiny, grown))
+    rows = before.get_input_embeddings().weight.shape[0]
+    assert after.config.vocab_size == after.get_input_embeddings().weight.shape[0] == 131 > rows
+    assert torch.equal(after.get_input_embeddings().weight[:rows], before.get_input_embeddings().weight)
+    assert (grown / "tokenizer.json").is_file()
+    stamp = (grown / "config.json").stat().st_mtime_ns
+    assert ln.grown_tiny_model(tiny, grown, 131) == grown and (grown / "config.json").stat().st_mtime_ns == stamp
