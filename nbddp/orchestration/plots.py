@@ -7,7 +7,7 @@ def plot_loss_panels(panels, path, markers=()):
     """Write `path`: one panel per `(title, {label: [(step, loss), ...]})`, one line per label; the labels in
     `markers` (held-out losses, measured every so many steps) as points, not a line between the measurements. The
     loss axis is logarithmic when every loss is above 0: a loss falls by orders of magnitude early and little late,
-    which a linear axis squeezes into its bottom."""
+    which a linear axis squeezes into its bottom. A panel with no losses says so in its middle."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -35,7 +35,10 @@ def plot_loss_panels(panels, path, markers=()):
         axis.set_xlabel("step")
         axis.set_ylabel("loss")
         axis.grid(alpha=0.3)
-        axis.legend()
+        if any(curves.values()):
+            axis.legend()
+        else:
+            axis.text(0.5, 0.5, "no losses recorded", ha="center", va="center", transform=axis.transAxes)
     figure.tight_layout()
     with replacing(path) as temp:
         figure.savefig(temp, format="png", dpi=100)
