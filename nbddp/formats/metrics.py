@@ -5,18 +5,20 @@
     {"event": "end", "step": 60, "train_runtime": 75.1, "train_loss": 2.05, ..., "ended_at": 1767225600.5}
     {"event": "batch_plan", "micro_batch": 2, "accumulation": 2, "processes": 2, "text": "global batch 8 rows = ..."}
 
-Step records (no `event` key), one per logged training step: the loss and learning rate Trainer logged; `tokens`,
-the non-padding input tokens of the training forward passes since the previous step record, summed over all ranks;
+Step records (no `event` key), one per logged training step: the loss and learning rate Trainer logged; `tokens`, the
+non-padding input tokens of the training forward passes since the previous step record, summed over all ranks;
 `tokens_per_s`, those over the wall time since it (the whole run's throughput; null when no time passed);
-`peak_mem_gib`, rank 0's peak memory (CUDA memory reserved by PyTorch on a GPU, resident memory on a CPU);
-`time_s`, seconds since training started; on a GPU, `mfu`: the model FLOPs of those tokens per GPU over the GPU's
-measured matmul rate (nbddp.runtime.reporting.utilization). Event records: `eval` per evaluation, `end` when
-training ends (Trainer's final metrics, `train_runtime`, `train_loss`, ..., and `ended_at`, the time.time() then:
-where `run` splits its wall time), `utilization` when training starts on a GPU (`device`, `peak_flops_per_s` and
-the FLOP `convention` of `mfu`) and `batch_plan` when training starts (nbddp.runtime.memory.batch_plan's
-`as_record()` and `text`, its `describe()`: the layout the processes train with, and the notebook's). The smoke
-run's layout check moves its first training's file aside and appends `layout_check` with `wall_s`, what training
-again took (nbddp.runtime.memory.smoke_layout_check).
+`peak_mem_gib`, rank 0's peak memory (CUDA memory reserved by PyTorch on a GPU, resident memory on a CPU); `time_s`,
+seconds since training started; on a GPU, `mfu`: the model FLOPs of those tokens per GPU over the GPU's measured
+matmul rate (nbddp.runtime.reporting.utilization); `step_split`, where the time of the steps since the previous step
+record went: `{"steps": 2, "between_steps_s": 0.01, "forward_backward_s": 0.4, "optimizer_s": 0.05}`
+(nbddp.runtime.reporting.step_split names the phases; on a GPU the GPU's timeline; absent where not measured). Event
+records: `eval` per evaluation, `end` when training ends (Trainer's final metrics, `train_runtime`, `train_loss`,
+..., and `ended_at`, the time.time() then: where `run` splits its wall time), `utilization` when training starts on a
+GPU (`device`, `peak_flops_per_s` and the FLOP `convention` of `mfu`) and `batch_plan` when training starts
+(nbddp.runtime.memory.batch_plan's `as_record()` and `text`, its `describe()`: the layout the processes train with,
+and the notebook's). The smoke run's layout check moves its first training's file aside and appends `layout_check`
+with `wall_s`, what training again took (nbddp.runtime.memory.smoke_layout_check).
 
 nbddp.runtime.reporting.metrics.MetricsCallback writes it (`start`, `append`); `run`, `regress`, the smoke's layout
 check, the failure report and bench read it (`read`, `steps`, `events`, `last_step`). Each `trainer.train()` starts
@@ -33,6 +35,7 @@ from pathlib import Path
 from nbddp.errors import NbddpError
 
 METRICS_FILE = "metrics.jsonl"  # in the run's output_dir
+STEP_PHASES = ("between_steps", "forward_backward", "optimizer")  # a step_split's f"{phase}_s", in step order
 
 
 def append(path, record: dict) -> None:

@@ -19,6 +19,7 @@ class Metrics:
     train_runtime_s: float | None = None  # the last `{"event": "end"}` record's: Trainer's train() time
     mfu: list = ()  # the step records' model FLOPs utilisation (on a GPU)
     utilization: dict | None = None  # the last `{"event": "utilization"}` record: the GPU's rate, the convention
+    step_split: dict | None = None  # the step records' `step_split` summed, the first record's left out (warm-up)
 
     @property
     def final_train_loss(self):
@@ -60,7 +61,19 @@ def read_metrics(path):
                    _numbers(record.get("tokens_per_s") for record in steps),
                    _numbers(record.get("peak_mem_gib") for record in steps),
                    plans[-1] if plans else None, float(runtimes[-1]) if runtimes else None,
-                   _numbers(record.get("mfu") for record in steps), rates[-1] if rates else None)
+                   _numbers(record.get("mfu") for record in steps), rates[-1] if rates else None,
+                   _split_total([record["step_split"] for record in steps
+                                 if isinstance(record.get("step_split"), dict)]))
+
+
+def _split_total(splits):
+    """The splits summed, leaving out the first when there are more (its steps include the warm-up); None for none,
+    or for splits that lack a phase (a file of another version)."""
+    keys = ["steps", *(f"{phase}_s" for phase in metrics.STEP_PHASES)]
+    counted = splits[1:] if len(splits) > 1 else splits
+    if not counted or not all(isinstance(split.get(key), (int, float)) for split in counted for key in keys):
+        return None
+    return {key: sum(split[key] for split in counted) for key in keys}
 
 
 def last_trainer_state(output_dir):

@@ -136,6 +136,8 @@ def summarise(run_dir, output_dir, logs, check=None, saved=(), wall_s=None, time
     lines.append(f"  held-out loss: {_figure(metrics.eval_loss, '.4f')}")
     lines.append(f"  tokens/s:      {_figure(metrics.median_tokens_per_s, ',.0f', ' (median over steps)')}")
     lines.append(f"  peak memory:   {_figure(metrics.max_peak_mem_gib, '.2f', ' GiB')}")
+    if metrics.step_split is not None and metrics.step_split["steps"] > 0:
+        lines.append(f"  step time:     {_step_time(metrics.step_split)}")
     if metrics.median_mfu is not None and metrics.utilization is not None:  # measured on a GPU, Llama-style model
         lines.append(f"  GPU use (MFU): {_utilization(metrics)}")
     curves = {"train loss": metrics.losses, "held-out loss": metrics.eval_losses}
@@ -168,6 +170,19 @@ def _utilization(metrics) -> str:
     basis = metrics.utilization
     return (f"{metrics.median_mfu:.1%} (median over steps) of {basis['peak_flops_per_s'] / 1e12:,.0f} TFLOP/s, the "
             f"bf16 matmul rate measured on {basis['device']}; {basis['convention']}")
+
+
+STEP_PHASE_LABELS = {"forward_backward": "forward and backward", "optimizer": "optimizer",
+                     "between_steps": "between steps (batches, logging, saves, evaluation)"}
+
+
+def _step_time(split) -> str:
+    """`212 ms a step over 58 steps: forward and backward 81%, ...`: the mean step and its phases' shares."""
+    seconds = {phase: split[f"{phase}_s"] for phase in STEP_PHASE_LABELS}
+    total = sum(seconds.values())
+    shares = ", ".join(f"{label} {seconds[phase] / total:.0%}" for phase, label in STEP_PHASE_LABELS.items()) \
+        if total > 0 else "no time measured"
+    return f"{total / split['steps'] * 1e3:,.0f} ms a step over {split['steps']} steps: {shares}"
 
 
 def _wall_time(wall_s, times, check, metrics_path) -> str:

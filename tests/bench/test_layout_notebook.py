@@ -162,8 +162,18 @@ def test_trial_figures_leave_out_warm_up_steps():
     assert figures["tokens_per_s_overall"] == pytest.approx(55 * 1000 / (60.0 - 5.0))
     assert figures["train_runtime_s"] == 61.0 and figures["batch_plan"] == {"micro_batch": 8}
     assert figures["losses"][0] == pytest.approx(1.99) and figures["loss_steps"][-1] == 60
+    assert figures["step_split_ms"] is None  # no step_split in these records
     short = ln.trial_figures([step(n, 1.0) for n in range(1, 6)], None, None)
     assert short["warmup_steps"] == 1 and short["median_tokens_per_s"] == 3500.0 and short["train_runtime_s"] is None
+
+
+def test_trial_figures_split_the_steady_steps():
+    steps = [{**step(n, 1.0), "step_split": {"steps": 1, "between_steps_s": 0.01 * (n == 1) + 0.002,
+                                              "forward_backward_s": 0.2, "optimizer_s": 0.02}} for n in range(1, 6)]
+    figures = ln.trial_figures(steps, None, None)
+    assert figures["warmup_steps"] == 1  # step 1's slow fetch is left out
+    assert figures["step_split_ms"] == pytest.approx({"between_steps": 2.0, "forward_backward": 200.0,
+                                                      "optimizer": 20.0})
 
 
 def test_trial_figures_fall_back_to_trainer_state_log_history():

@@ -37,3 +37,26 @@ def test_a_broken_line_is_named(tmp_path):
     path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo\n')
     with pytest.raises(NbddpError, match="metrics.jsonl, line 2"):
         read_metrics(path)
+
+
+def split(steps, between, forward_backward, optimizer):
+    return {"steps": steps, "between_steps_s": between, "forward_backward_s": forward_backward,
+            "optimizer_s": optimizer}
+
+
+def test_the_step_split_is_summed_after_the_first_record(tmp_path):
+    path = write_lines(tmp_path / "metrics.jsonl", [
+        {"step": 1, "loss": 2.0, "step_split": split(1, 5.0, 9.0, 1.0)},  # warm-up: left out
+        {"step": 3, "loss": 1.5, "step_split": split(2, 0.1, 0.6, 0.1)},
+        {"step": 4, "loss": 1.4},  # a record with no split (not measured there)
+        {"step": 5, "loss": 1.2, "step_split": split(2, 0.1, 0.8, 0.3)},
+    ])
+    assert read_metrics(path).step_split == pytest.approx(split(4, 0.2, 1.4, 0.4))
+
+
+def test_one_split_counts_and_none_or_a_partial_one_gives_no_total(tmp_path):
+    one = write_lines(tmp_path / "one.jsonl", [{"step": 1, "loss": 2.0, "step_split": split(1, 1.0, 2.0, 3.0)}])
+    assert read_metrics(one).step_split == split(1, 1.0, 2.0, 3.0)
+    assert read_metrics(write_lines(tmp_path / "none.jsonl", [{"step": 1, "loss": 2.0}])).step_split is None
+    partial = write_lines(tmp_path / "partial.jsonl", [{"step": 1, "loss": 2.0, "step_split": {"steps": 1}}])
+    assert read_metrics(partial).step_split is None

@@ -8,6 +8,7 @@ import pytest
 
 import nbddp.export
 from nbddp.formats import checkpoint_markers
+from nbddp.formats import metrics as metrics_format
 from nbddp.errors import NbddpError
 from nbddp.orchestration import run as run_module
 from nbddp.orchestration.launch import launch
@@ -198,3 +199,16 @@ def test_the_summary_shows_the_gpus_use_where_it_was_measured(tmp_path):
             "80GB HBM3; model FLOPs (...)\n") in summary
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({**r, "mfu": None}) + "\n" for r in steps))
     assert "MFU" not in summarise(tmp_path, tmp_path, tmp_path / "logs")  # on a CPU
+
+
+def test_the_summary_shows_where_a_step_went(tmp_path):
+    phases = {"between_steps_s": 0.02, "forward_backward_s": 0.3, "optimizer_s": 0.08}
+    steps = [{"step": s, "loss": 2.0, "tokens": 100, "tokens_per_s": 1e3, "peak_mem_gib": 1.0, "time_s": s,
+              "step_split": {"steps": 2, **phases}} for s in (2, 4, 6)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps))
+    summary = summarise(tmp_path, tmp_path, tmp_path / "logs")
+    assert ("  step time:     200 ms a step over 4 steps: forward and backward 75%, optimizer 20%, between steps "
+            "(batches, logging, saves, evaluation) 5%\n") in summary
+    assert set(run_module.STEP_PHASE_LABELS) == set(metrics_format.STEP_PHASES)
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({**r, "step_split": None}) + "\n" for r in steps))
+    assert "step time" not in summarise(tmp_path, tmp_path, tmp_path / "logs")

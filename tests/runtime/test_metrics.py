@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import TrainerControl, TrainerState
 
+from nbddp.formats.metrics import STEP_PHASES
 from nbddp.runtime.reporting.metrics import MetricsCallback
 
 
@@ -86,7 +87,7 @@ def test_a_run_resumed_at_a_checkpoint_keeps_the_lines_up_to_its_step(tmp_path):
 
 
 def test_tokens_per_second_over_each_interval(tmp_path, monkeypatch):
-    clock = iter([100.0, 102.0, 106.0])
+    clock = iter([100.0, 100.0, 102.0, 106.0])  # train begins (and the step split's first mark), two logs
     monkeypatch.setattr("nbddp.runtime.reporting.metrics.time.perf_counter", lambda: next(clock))
     path = tmp_path / "metrics.jsonl"
     callback, args, control, model = MetricsCallback(path), cpu_args(), TrainerControl(), Counted()
@@ -140,6 +141,11 @@ def test_with_a_real_trainer(tiny_llama_dir, model_cache, tmp_path):
     assert first["tokens"] == second["tokens"] == 2 * 2 * 6  # 2 steps of 2 rows of 6 tokens per logged line
     assert first["tokens_per_s"] > 0 and first["learning_rate"] > 0
     assert end["event"] == "end" and end["step"] == 4 and end["train_runtime"] > 0
+    # The step split: each record's two steps, every phase measured, together the training's time up to the log
+    assert first["step_split"]["steps"] == second["step_split"]["steps"] == 2
+    assert all(record["step_split"][f"{phase}_s"] > 0 for record in (first, second) for phase in STEP_PHASES)
+    measured = sum(record["step_split"][f"{phase}_s"] for record in (first, second) for phase in STEP_PHASES)
+    assert measured == pytest.approx(second["time_s"], rel=0.25)
 
 
 def test_a_training_run_that_raised_is_not_counted_twice_by_the_next(tmp_path):

@@ -16,6 +16,9 @@ On a GPU, rank 0 measures its matmul rate when training starts and each step rec
 of its tokens over that rate (nbddp.runtime.reporting.utilization says the convention; a `utilization` record holds
 the rate), for a Llama-style model.
 
+Each step record carries `step_split`, the seconds its steps spent between steps, in forward and backward and in
+the optimizer (nbddp.runtime.reporting.step_split: on a GPU the GPU's timeline, read without waiting for it).
+
 On rank 0 it also adds `tokens_per_s`, `peak_mem_gib`, `mfu` and (with a batch plan) `global_batch` to the Trainer's
 training logs, for the callbacks that come after it: `nbddp.runtime.trainer.trainer_patches` puts it before the
 reporting ones, so TensorBoard (`train/tokens_per_s`, ...) and the others show them beside Transformers' own
@@ -34,6 +37,7 @@ from transformers import TrainerCallback
 from nbddp.formats import metrics
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.reporting import utilization
+from nbddp.runtime.reporting.step_split import StepSplit
 
 LOGGED = ("tokens_per_s", "peak_mem_gib", "mfu")  # added to the training log, for the callbacks after this one
 
@@ -46,6 +50,7 @@ class MetricsCallback(TrainerCallback):
         self._hook = None
         self._flops = None  # rank 0 on a GPU: (model config, LoRA rank, measured matmul FLOP/s) for MFU
         self._last_step = 0
+        self._split = None  # rank 0: a StepSplit from train begin
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self._hook is not None:  # a train() that raised never reached on_train_end: count once, not twice
@@ -67,6 +72,21 @@ class MetricsCallback(TrainerCallback):
                                            "peak_flops_per_s": peak["median_flops_per_s"],
                                            "convention": utilization.CONVENTION})
         self._started = self._last_time = time.perf_counter()  # after the measurement: not a training second
+        self._split = StepSplit(args.device) if state.is_world_process_zero else None
+        self._mark("step_end")
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._mark("step_begin")
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._mark("pre_optimizer")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._mark("step_end")
+
+    def _mark(self, boundary):
+        if self._split is not None:
+            self._split.mark(boundary)
 
     def on_train_end(self, args, state, control, **kwargs):
         self._hook.remove()
@@ -120,6 +140,9 @@ class MetricsCallback(TrainerCallback):
             "peak_mem_gib": _peak_memory_gib(),
             "time_s": now - self._started,
         }
+        split = self._split.take() if self._split is not None else None
+        if split is not None:
+            record["step_split"] = split
         if self._flops is not None and elapsed > 0 and steps > 0 and tokens > 0:
             config, lora_r, peak = self._flops
             rows = steps * _global_batch(args)
