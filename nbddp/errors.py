@@ -1,4 +1,10 @@
-"""The one exception family nbddp raises for bad input; the CLI prints it and exits with its status."""
+"""The one exception family nbddp raises for bad input; the CLI prints it and exits with its status. Also the words
+by which a rank's error says that another rank's process ended, which the runtime writes and the failure report
+reads."""
+
+# What a collective raises when a peer's process ended (gloo's tcp transport, pair.cc: EOF on read, ECONNRESET,
+# EPIPE on a blocking write, a socket closed before use).
+LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket unexpectedly closed")
 
 
 class NbddpError(Exception):

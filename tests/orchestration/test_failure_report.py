@@ -50,14 +50,20 @@ def test_a_killed_rank_and_the_one_torchrun_stopped():
     ]
 
 
-def test_the_rank_that_lost_its_peer_is_not_taken_for_the_cause(tmp_path):
+@pytest.mark.parametrize("message", [
+    "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:18825",
+    "RuntimeError: [pair.cc:589] Read error [127.0.0.1]:18825: Connection reset by peer",
+    "RuntimeError: [pair.cc:323] writev [127.0.0.1]:18825: Broken pipe",  # a blocking write to the ended peer
+    "RuntimeError: [pair.cc:176] Socket unexpectedly closed [127.0.0.1]:18825",
+])
+def test_the_rank_that_lost_its_peer_is_not_taken_for_the_cause(tmp_path, message):
     # rank 0's gloo call failed as rank 1 was killed, and torchrun observed rank 0 first
-    lost = error_file(tmp_path / "0.json", "RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:18825",
+    lost = error_file(tmp_path / "0.json", message,
                       origin="generated/train.py line 237 comes from notebooks/03_train.ipynb, cell 6, line 1")
     text = describe(1, summary((0, 1, lost, "RuntimeError: ..."), (1, -9)))
     assert text.splitlines()[1:] == [
         "  rank 1 failed: killed by SIGKILL (the out-of-memory killer, or kill -9; pid 1917)",
-        "  rank 0 stopped after it: RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:18825",
+        f"  rank 0 stopped after it: {message}",
     ]
 
 

@@ -33,14 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbddp.formats.checkpoint_markers import DAMAGED, damaged_dirs, latest_complete
-from nbddp.errors import NotebookError
+from nbddp.errors import LOST_PEER, NotebookError
 from nbddp.formats import metrics
 from nbddp.orchestration import parameters
 from nbddp.orchestration.script_notebook import to_notebook
 
 SUMMARY_START = "Root Cause (first observed failure):"
-# What a surviving rank's collective raises when its peer process died (gloo's tcp transport, pair.cc).
-LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 # ... and when a peer never came within the process group's timeout (gloo; NCCL's watchdog).
 TIMED_OUT = ("Timed out waiting", "collective operation timeout")
 # torchrun's agent (torch/distributed/elastic/multiprocessing/api.py, SubprocessContext._close), once a worker failed.

@@ -35,7 +35,7 @@ import time
 import traceback
 
 from nbddp import patches
-from nbddp.errors import NbddpError
+from nbddp.errors import LOST_PEER, NbddpError
 from nbddp.formats.sourcemap import SourceMap, SourceMapError, sourcemap_path
 
 # (text of the exception, what to do): causes that DDP, or the machine a script is moved to, adds to a notebook.
@@ -52,10 +52,6 @@ HINTS = (
      "point the notebook at a local folder, or unset HF_HUB_OFFLINE"),
 )
 
-
-# What a rank's collective raises when a peer's process ended (gloo's tcp transport, pair.cc); the orchestration's
-# failure report reads the same words (nbddp.orchestration.launch.failure_report.LOST_PEER).
-LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
 
 # Import names of packages that run on CUDA GPUs alone, and what the notebook asked of them.
 GPU_ONLY = {"vllm": "vLLM (Unsloth's fast_inference=True, TRL's use_vllm, vllm.SamplingParams for "
