@@ -56,11 +56,8 @@ class FakeEvent:
     timeline = []  # the device times at which the recorded events complete, in order
     now = 0.0  # how far the GPU has got
 
-    def __init__(self, enable_timing):
-        assert enable_timing
-
-    def record(self):
-        self.at = FakeEvent.timeline.pop(0)
+    def __init__(self):
+        self.at = FakeEvent.timeline.pop(0)  # recorded at creation
 
     def query(self):
         return self.at <= FakeEvent.now
@@ -72,8 +69,8 @@ class FakeEvent:
 
 def test_on_a_gpu_it_reads_the_gpu_timeline_and_leaves_what_the_gpu_has_not_reached(monkeypatch):
     split = StepSplit(torch.device("cuda"))
-    monkeypatch.setattr(split, "_event", lambda: FakeEvent(enable_timing=True))
-    FakeEvent.timeline = [0.0, 0.5, 3.0, 3.25, 3.5, 6.5, 7.0]
+    monkeypatch.setattr(split, "_event", FakeEvent)
+    FakeEvent.timeline, FakeEvent.now = [0.0, 0.5, 3.0, 3.25, 3.5, 6.5, 7.0], 0.0  # the GPU has not started
     for boundary in ["step_end", *STEP, *STEP]:
         split.mark(boundary)
     FakeEvent.now = 4.0  # the host queued step 2; the GPU is in its forward: step 2 waits for the next take
@@ -83,6 +80,21 @@ def test_on_a_gpu_it_reads_the_gpu_timeline_and_leaves_what_the_gpu_has_not_reac
     assert split.take() == {"steps": 1, "between_steps_s": 0.25, "forward_backward_s": 3.0, "optimizer_s": 0.5}
 
 
-def test_the_phases_are_the_metrics_files():
+def test_a_run_that_never_logs_keeps_a_few_marks_not_one_per_step(monkeypatch):
+    host_clock(monkeypatch, [float(t) for t in range(1 + 3 * 1000)])
+    split = StepSplit(torch.device("cpu"))
+    split.mark("step_end")
+    for _ in range(1000):
+        for boundary in STEP:
+            split.mark(boundary)
+        assert len(split._marks) <= 3
+    assert split.take() == {"steps": 1000, "between_steps_s": 1000.0, "forward_backward_s": 1000.0,
+                            "optimizer_s": 1000.0}
+
+
+def test_the_phases_between_the_callbacks():
+    assert step_split.PHASES == {("step_end", "step_begin"): "between_steps",
+                                 ("step_begin", "pre_optimizer"): "forward_backward",
+                                 ("pre_optimizer", "step_end"): "optimizer"}
     assert sorted(step_split.PHASES.values()) == sorted(STEP_PHASES)
 

@@ -16,8 +16,9 @@ On a GPU, rank 0 measures its matmul rate when training starts and each step rec
 of its tokens over that rate (nbddp.runtime.reporting.utilization says the convention; a `utilization` record holds
 the rate), for a Llama-style model.
 
-Each step record carries `step_split`, the seconds its steps spent between steps, in forward and backward and in
-the optimizer (nbddp.runtime.reporting.step_split: on a GPU the GPU's timeline, read without waiting for it).
+On a GPU or a CPU, a step record carries `step_split`, the seconds its steps spent between steps, in forward and
+backward and in the optimizer, once they have finished (nbddp.runtime.reporting.step_split: on a GPU the GPU's
+timeline, read without waiting for it; a step the GPU has not finished goes into the next record).
 
 On rank 0 it also adds `tokens_per_s`, `peak_mem_gib`, `mfu` and (with a batch plan) `global_batch` to the Trainer's
 training logs, for the callbacks that come after it: `nbddp.runtime.trainer.trainer_patches` puts it before the
