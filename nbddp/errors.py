@@ -1,10 +1,18 @@
-"""The one exception family nbddp raises for bad input; the CLI prints it and exits with its status. Also the words
-by which a rank's error says that another rank's process ended, which the runtime writes and the failure report
-reads."""
+"""The one exception family nbddp raises for bad input; the CLI prints it and exits with its status. Also
+`lost_peer`: whether a rank's error says that another rank's process ended, which the runtime's excepthook and the
+failure report both ask."""
 
-# What a collective raises when a peer's process ended (gloo's tcp transport, pair.cc: EOF on read, ECONNRESET,
-# EPIPE on a blocking write, a socket closed before use).
-LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Socket unexpectedly closed")
+# What a collective raises when a peer's process ended: gloo's tcp transport (pair.cc) on EOF and ECONNRESET, and,
+# in gloo's own messages only (a BrokenPipeError of a closed stdout is no lost peer), EPIPE on a blocking write
+# and a socket closed before use.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer")
+_LOST_PEER_IN_GLOO = ("Broken pipe", "Socket unexpectedly closed")
+
+
+def lost_peer(message: str) -> bool:
+    """Whether the error `message` is a collective's on finding its peer's process gone."""
+    return any(words in message for words in _LOST_PEER) or (
+        "pair.cc" in message and any(words in message for words in _LOST_PEER_IN_GLOO))
 
 
 class NbddpError(Exception):

@@ -67,6 +67,14 @@ def test_the_rank_that_lost_its_peer_is_not_taken_for_the_cause(tmp_path, messag
     ]
 
 
+def test_a_broken_pipe_of_the_ranks_own_is_its_failure_not_a_lost_peer(tmp_path):
+    # a closed stdout or a dead DataLoader worker: Python's BrokenPipeError, not gloo's words
+    own = error_file(tmp_path / "0.json", "BrokenPipeError: [Errno 32] Broken pipe")
+    text = describe(1, summary((0, 1, own, "BrokenPipeError: ..."), (1, -9)))
+    assert text.splitlines()[1].startswith("  rank 0 failed: BrokenPipeError: [Errno 32] Broken pipe")
+    assert text.splitlines()[2].startswith("  rank 1 failed too: killed by SIGKILL")
+
+
 def test_an_exception_is_named_with_its_notebook_cell(tmp_path):
     raised = error_file(tmp_path / "1.json", "ValueError: bad value", rank=1,
                         origin="generated/train.py line 237 comes from notebooks/03_train.ipynb, cell 6, line 1")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbddp.formats.checkpoint_markers import DAMAGED, damaged_dirs, latest_complete
-from nbddp.errors import LOST_PEER, NotebookError
+from nbddp.errors import NotebookError, lost_peer
 from nbddp.formats import metrics
 from nbddp.orchestration import parameters
 from nbddp.orchestration.script_notebook import to_notebook
@@ -80,7 +80,8 @@ class RankFailure:
     @property
     def waited_for_a_peer(self) -> bool:
         """Its collective failed because a peer died or never came."""
-        return any(text in (self.message or "") for text in LOST_PEER + TIMED_OUT)
+        message = self.message or ""
+        return lost_peer(message) or any(text in message for text in TIMED_OUT)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ import time
 import traceback
 
 from nbddp import patches
-from nbddp.errors import LOST_PEER, NbddpError
+from nbddp.errors import NbddpError, lost_peer
 from nbddp.formats.sourcemap import SourceMap, SourceMapError, sourcemap_path
 
 # (text of the exception, what to do): causes that DDP, or the machine a script is moved to, adds to a notebook.
@@ -147,7 +147,7 @@ def _gloo_group_exists() -> bool:
 def format_report(exc_type, exc, tb, script: str) -> str:
     if issubclass(exc_type, NbddpError):
         text = _bad_input_paragraph(exc, tb, script)
-    elif any(words in str(exc) for words in LOST_PEER):
+    elif lost_peer(str(exc)):
         text = _lost_peer_paragraph(exc_type, exc, tb, script)
     else:
         lines = traceback.format_exception(exc_type, exc, tb)
