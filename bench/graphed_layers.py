@@ -1,0 +1,302 @@
+"""Can Unsloth's decoder layers train as CUDA graphs, and what would that save? A few layers of Llama-3.1 8B's
+widths (random-init, 4-bit, LoRA r=16 on all seven projections, checkpointing off, nbddp's packed attention) over
+one padding-free micro batch, forward and backward on one GPU: eagerly as Unsloth runs them, and replayed from
+graphs that `torch.cuda.make_graphed_callables` captured at a bucket of BUCKET tokens, the micro batch padded up
+to it with one more sequence whose gradient is zero (its own attention block: the real tokens never see it).
+
+    python -m bench.graphed_layers --out $OUT/graphed_layers.json [--layers 4 --rounds 3]
+
+Per variant and round: `host_ms`, the time to issue one forward and backward of the layers; `drained_ms`, until
+the GPU finished them; `launches` of one call (torch.profiler). `max_rel_diff`: graphed against eager, over the
+real tokens' outputs and every LoRA gradient, each relative to the eager tensor's largest value. `other_lengths`:
+the same for a micro batch of other lengths replayed from the same graphs, only the sequence table and positions
+copied in (a bucket serves every micro batch that fits it; max_seqlen is captured as the bucket). `pool_gib`:
+memory the graphs keep between replays (what one bucket's saved activations cost). A stage that raises is
+recorded with its error instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth (the GPU
+image's); docs/performance.md weighs the lever this measures.
+"""
+import argparse
+import importlib.metadata
+import json
+import platform
+import statistics
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+LENGTHS = (74, 164, 372, 120, 301, 201, 97, 181)  # 1,510 tokens: the median micro batch of the 8B layout runs
+OTHER_LENGTHS = (955, 74, 69, 120, 66, 50, 40, 80)  # 1,454 tokens, the longest row among them
+BUCKET = 1536
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def padded(lengths, bucket):
+    """The sequence table padded to `bucket` tokens with one more sequence, and every token's position in its
+    sequence: (table, positions). A micro batch that does not fit the bucket is an error."""
+    pad = bucket - sum(lengths)
+    if pad < 1:
+        raise ValueError(f"{sum(lengths)} tokens do not leave room for a padding sequence in a bucket of {bucket}")
+    table = (*lengths, pad)
+    return table, [position for length in table for position in range(length)]
+
+
+def write_model(torch, layers, out_dir):
+    """A random-init Llama of 8B widths with `layers` layers (and a 32,000-token vocabulary) in `out_dir`."""
+    from bench import materialize
+
+    config = materialize.shape_config("llama3-8b")
+    config.update(num_hidden_layers=layers, vocab_size=32000)
+    materialize.write_weights(out_dir, config, seed=0)
+    materialize.write_tokenizer(out_dir, config["max_position_embeddings"])
+
+
+def load(torch, path):
+    from unsloth import FastLanguageModel
+
+    model, _ = FastLanguageModel.from_pretrained(str(path), max_seq_length=2048, load_in_4bit=True,
+                                                 dtype=torch.bfloat16)
+    model = FastLanguageModel.get_peft_model(model, r=16, target_modules=TARGETS, lora_alpha=16, lora_dropout=0,
+                                             bias="none", use_gradient_checkpointing=False, random_state=3407)
+    with torch.no_grad():  # lora_B starts at zero, which would leave lora_A's gradients zero: nothing to compare
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.02)
+    model.train()
+    return model
+
+
+def layer_kwargs(torch, model, table, positions):
+    """What Unsloth's Llama forward passes its first decoder layer for a padding-free micro batch of `table`'s
+    sequences (a forward pre-hook reads it; the model computes the sequence table from the position ids)."""
+    seen = {}
+    layers = model.base_model.model.model.layers
+
+    def record(module, args, kwargs):
+        seen.update(kwargs)
+        raise _Seen
+
+    handle = layers[0].register_forward_pre_hook(record, with_kwargs=True)
+    ids = torch.full((1, len(positions)), 1, dtype=torch.long, device="cuda")
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, position_ids=torch.tensor([positions], device="cuda"))
+    except _Seen:
+        pass
+    finally:
+        handle.remove()
+    return seen
+
+
+class _Seen(Exception):
+    """Stops the model's forward once the first layer's arguments are read."""
+
+
+def layer_stack(torch, model, kwargs):
+    """The decoder layers as one module of `hidden -> hidden` with the micro batch's other arguments fixed."""
+    layers = model.base_model.model.model.layers
+    fixed = {key: value for key, value in kwargs.items() if key not in ("hidden_states",)}
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, hidden):
+            for layer in self.layers:
+                hidden = layer(hidden, **fixed)[0]
+            return hidden
+
+    return Stack()
+
+
+def lora_parameters(model):
+    return [p for name, p in model.named_parameters() if "lora_" in name and p.requires_grad]
+
+
+def step(call, hidden, grad_out, parameters):
+    """One forward and backward; (output, the LoRA gradients), gradients zeroed first."""
+    for parameter in parameters:
+        parameter.grad = None
+    out = call(hidden)
+    out.backward(grad_out)
+    return out.detach(), [parameter.grad.detach().clone() for parameter in parameters]
+
+
+def timed(torch, call, hidden, grad_out, parameters):
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for parameter in parameters:
+        parameter.grad = None
+    call(hidden).backward(grad_out)
+    issued = time.perf_counter()
+    torch.cuda.synchronize()
+    return (issued - start) * 1e3, (time.perf_counter() - start) * 1e3
+
+
+def launches(torch, call, hidden, grad_out, parameters):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        step(call, hidden, grad_out, parameters)
+        torch.cuda.synchronize()
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
+    return {event.key: event.count for event in prof.key_averages() if event.key in names}
+
+
+def largest_difference(a, b, rows):
+    """Largest |a - b| relative to b's largest value, over the first `rows` rows of the outputs and every
+    gradient."""
+    (out_a, grads_a), (out_b, grads_b) = a, b
+    pairs = [(out_a[:, :rows], out_b[:, :rows]), *zip(grads_a, grads_b)]
+    return max(float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30)) for x, y in pairs)
+
+
+def capture_table(torch, packing, kwargs, bucket):
+    """The tensors of the micro batch's sequence table that its layers read (Unsloth's packed-info cache entry
+    for `kwargs`' lengths, made now if missing), with max_seqlen set to the bucket: an upper bound the varlen
+    kernel accepts, so graphs captured with it serve every table of the bucket. Returns {"lengths", "cu_seqlens",
+    "seq_lengths", "position_ids"}: what a replay's table is copied into."""
+    seq_lengths = kwargs["packed_seq_lengths"]
+    packing.get_packed_info_from_kwargs({"packed_seq_lengths": seq_lengths}, seq_lengths.device)
+    entries = [entry for entry in packing._PACKED_INFO_CACHE.values() if entry["seq_lengths"] is seq_lengths]
+    if len(entries) != 1:
+        raise RuntimeError(f"{len(entries)} entries of Unsloth's packed-info cache hold this micro batch's table")
+    lengths, cu_seqlens, _ = entries[0]["result"]
+    entries[0]["result"] = (lengths, cu_seqlens, bucket)
+    return {"lengths": lengths, "cu_seqlens": cu_seqlens, "seq_lengths": seq_lengths,
+            "position_ids": kwargs["position_ids"]}
+
+
+def load_table(torch, tensors, table, positions):
+    """Copy the sequence table `table` and its `positions` into the captured tensors, in place."""
+    tensors["lengths"].copy_(torch.tensor(table, dtype=tensors["lengths"].dtype))
+    tensors["seq_lengths"].copy_(torch.tensor(table, dtype=tensors["seq_lengths"].dtype))
+    tensors["cu_seqlens"].copy_(torch.tensor([0, *_cumulative(table)], dtype=tensors["cu_seqlens"].dtype))
+    tensors["position_ids"].copy_(torch.tensor([positions], dtype=tensors["position_ids"].dtype))
+
+
+def _cumulative(values):
+    total, out = 0, []
+    for value in values:
+        total += value
+        out.append(total)
+    return out
+
+
+def stage(record, name, work):
+    """Run `work()`, keeping its result; on an exception record it under `errors` and return None."""
+    try:
+        return work()
+    except Exception as error:  # a bench of feasibility: the failure is the finding
+        record.setdefault("errors", {})[name] = "".join(traceback.format_exception_only(error)).strip()[-2000:]
+        record.setdefault("tracebacks", {})[name] = traceback.format_exc()[-4000:]
+        return None
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers of 8B widths")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    import unsloth  # noqa: F401  (before torch's users, as in a notebook)
+    import torch
+    from unsloth.utils import packing
+
+    from nbddp.runtime import packed_attention
+
+    record = {"what": __doc__.split("\n\n")[0], "layers": args.layers, "bucket": BUCKET, "lengths": LENGTHS,
+              "other_lengths": OTHER_LENGTHS, "device": torch.cuda.get_device_name(),
+              "python": platform.python_version(),
+              "versions": {name: importlib.metadata.version(name) for name in ("torch", "unsloth", "bitsandbytes")},
+              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+    def write():
+        with open(args.out, "w") as out:
+            json.dump(record, out, indent=1)
+
+    record["packed_attention_patch"] = packed_attention.use_varlen_kernel()
+    with tempfile.TemporaryDirectory() as folder:
+        write_model(torch, args.layers, Path(folder))
+        model = load(torch, folder)
+    parameters = lora_parameters(model)
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    hidden = torch.randn(1, BUCKET, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
+    grad_out = torch.randn(1, BUCKET, 4096, device="cuda", dtype=torch.bfloat16, generator=generator) * 1e-2
+    real = sum(LENGTHS)
+    grad_out[:, real:] = 0  # the padding sequence's tokens carry no loss
+
+    def eager_for(lengths):
+        positions = [position for length in lengths for position in range(length)]
+        stack = layer_stack(torch, model, layer_kwargs(torch, model, lengths, positions))
+        rows = sum(lengths)
+        return stack, hidden[:, :rows].contiguous(), grad_out[:, :rows].contiguous()
+
+    eager = stage(record, "eager", lambda: eager_for(LENGTHS))
+    eager_result = stage(record, "eager_step", lambda: step(eager[0], *eager[1:], parameters)) if eager else None
+    table, positions = padded(LENGTHS, BUCKET)
+    captured_kwargs = layer_kwargs(torch, model, table, positions)
+
+    table_tensors = {}
+
+    def capture():
+        table_tensors.update(capture_table(torch, packing, captured_kwargs, BUCKET))
+        before = torch.cuda.memory_allocated()
+        graphed = torch.cuda.make_graphed_callables(layer_stack(torch, model, captured_kwargs), (hidden,),
+                                                    num_warmup_iters=3)
+        torch.cuda.synchronize()
+        record["pool_gib"] = (torch.cuda.memory_allocated() - before) / 2 ** 30
+        return graphed
+
+    graphed = stage(record, "capture", capture)
+    write()
+    graphed_result = stage(record, "graphed_step", lambda: step(graphed, hidden, grad_out, parameters)) \
+        if graphed else None
+    if eager_result and graphed_result:
+        record["max_rel_diff"] = largest_difference(graphed_result, eager_result, real)
+
+    variants = {"eager": (eager[0], *eager[1:]) if eager else None,
+                "graphed": (graphed, hidden, grad_out) if graphed else None}
+    rounds = []
+    for round_ in range(args.rounds):
+        figures = {}
+        for name in (("eager", "graphed") if round_ % 2 == 0 else ("graphed", "eager")):
+            if variants[name] is None:
+                continue
+            host, drained = stage(record, f"{name}_timed", lambda: timed(torch, *variants[name], parameters)) \
+                or (None, None)
+            figures[name] = {"host_ms": host, "drained_ms": drained}
+        rounds.append(figures)
+        print(f"round {round_ + 1}: {json.dumps(figures)}", flush=True)
+    record["rounds"] = rounds
+
+    def median_of(name, key):
+        values = [r[name][key] for r in rounds if name in r and r[name][key] is not None]
+        return statistics.median(values) if values else None
+
+    record["median"] = {name: {key: median_of(name, key) for key in ("host_ms", "drained_ms")}
+                        for name in variants if variants[name]}
+    record["launches"] = {name: stage(record, f"{name}_launches",
+                                      lambda: launches(torch, *variants[name], parameters))
+                          for name in variants if variants[name]}
+    write()
+
+    if graphed:  # the same graphs for a micro batch of other lengths: only the table and the positions change
+        def other():
+            load_table(torch, table_tensors, *padded(OTHER_LENGTHS, BUCKET))
+            rows = sum(OTHER_LENGTHS)
+            other_grad = grad_out.clone()
+            other_grad[:, rows:] = 0  # this table's padding sequence
+            replayed = step(graphed, hidden, other_grad, parameters)
+            reference = step(*eager_for(OTHER_LENGTHS), parameters)
+            return largest_difference(replayed, reference, rows)
+
+        record["other_lengths_max_rel_diff"] = stage(record, "other_lengths", other)
+    write()
+    print(json.dumps({key: record.get(key) for key in ("median", "launches", "max_rel_diff",
+                                                         "other_lengths_max_rel_diff", "pool_gib", "errors")}))
+
+
+if __name__ == "__main__":
+    main()
