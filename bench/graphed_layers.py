@@ -41,7 +41,7 @@ def padded(lengths, bucket):
     return table, [position for length in table for position in range(length)]
 
 
-def write_model(torch, layers, out_dir):
+def write_model(layers, out_dir):
     """A random-init Llama of 8B widths with `layers` layers (and a 32,000-token vocabulary) in `out_dir`."""
     from bench import materialize
 
@@ -66,9 +66,10 @@ def load(torch, path):
     return model
 
 
-def layer_kwargs(torch, model, table, positions):
-    """What Unsloth's Llama forward passes its first decoder layer for a padding-free micro batch of `table`'s
-    sequences (a forward pre-hook reads it; the model computes the sequence table from the position ids)."""
+def layer_kwargs(torch, model, positions):
+    """What Unsloth's Llama forward passes its first decoder layer for a padding-free micro batch whose tokens
+    have these `positions` in their sequences (a forward pre-hook reads it; the model finds the sequences where
+    the positions restart)."""
     seen = {}
     layers = model.base_model.model.model.layers
 
@@ -218,7 +219,7 @@ def main():
 
     record["packed_attention_patch"] = packed_attention.use_varlen_kernel()
     with tempfile.TemporaryDirectory() as folder:
-        write_model(torch, args.layers, Path(folder))
+        write_model(args.layers, Path(folder))
         model = load(torch, folder)
     parameters = lora_parameters(model)
     generator = torch.Generator(device="cuda").manual_seed(0)
@@ -229,18 +230,16 @@ def main():
 
     def eager_for(lengths):
         positions = [position for length in lengths for position in range(length)]
-        stack = layer_stack(torch, model, layer_kwargs(torch, model, lengths, positions))
+        stack = layer_stack(torch, model, layer_kwargs(torch, model, positions))
         rows = sum(lengths)
         return stack, hidden[:, :rows].contiguous(), grad_out[:, :rows].contiguous()
 
     eager = stage(record, "eager", lambda: eager_for(LENGTHS))
     eager_result = stage(record, "eager_step", lambda: step(eager[0], *eager[1:], parameters)) if eager else None
-    table, positions = padded(LENGTHS, BUCKET)
-    captured_kwargs = layer_kwargs(torch, model, table, positions)
-
     table_tensors = {}
 
     def capture():
+        captured_kwargs = layer_kwargs(torch, model, padded(LENGTHS, BUCKET)[1])
         table_tensors.update(capture_table(torch, packing, captured_kwargs, BUCKET))
         before = torch.cuda.memory_allocated()
         graphed = torch.cuda.make_graphed_callables(layer_stack(torch, model, captured_kwargs), (hidden,),
