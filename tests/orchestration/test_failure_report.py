@@ -268,6 +268,15 @@ def test_an_error_every_rank_raised_is_written_out_once(tmp_path):
     files = [error_file(tmp_path / f"{rank}.json", message, rank=rank) for rank in (0, 1)]
     text = describe(1, summary((0, 1, files[0], message), (1, 1, files[1], message)))
     assert text.splitlines()[1:] == [f"  rank 0 failed: {message}", "  rank 1 failed too: the same error"]
+    # torchrun observed rank 1 first: the same report, lowest rank first (which exited first is chance)
+    assert describe(1, summary((1, 1, files[1], message), (0, 1, files[0], message))) == text
+
+
+def test_different_errors_keep_torchruns_order(tmp_path):
+    first, second = "ValueError: bad row", "KeyError: 'text'"
+    files = [error_file(tmp_path / f"{rank}.json", message, rank=rank) for rank, message in ((1, first), (0, second))]
+    text = describe(1, summary((1, 1, files[0], first), (0, 1, files[1], second)))
+    assert text.splitlines()[1:] == [f"  rank 1 failed: {first}", f"  rank 0 failed too: {second}"]
 
 
 @pytest.mark.parametrize("content", [b"\xff\xfe not json", b"[1, 2]", b'{"message": "text only"}',

@@ -155,7 +155,15 @@ def describe(status, torchrun_stderr, output_dir=None, processes=None, hung=None
     failures += ended_early(failures, processes)
     signals = TorchrunSignals.read(torchrun_stderr)
     kinds = [_kind(failure, failures, signals) for failure in failures]
-    order = sorted(range(len(failures)), key=lambda index: kinds[index])
+    # Within a kind, torchrun's order (first observed first), except that ranks which raised the same error (a
+    # non-finite loss stops every rank at once) are named lowest rank first: which of them torchrun saw first is
+    # chance.
+    first_seen = {}
+    for index, failure in enumerate(failures):
+        first_seen.setdefault((kinds[index], failure.message), index)
+    order = sorted(range(len(failures)), key=lambda index: (
+        kinds[index], first_seen[kinds[index], failures[index].message] if failures[index].message else index,
+        failures[index].rank))
     first_how = None
     for position, index in enumerate(order):
         failure, kind = failures[index], kinds[index]
