@@ -10,10 +10,12 @@ Per variant and round: `host_ms`, the time to issue one forward and backward of 
 the GPU finished them; `launches` of one call (torch.profiler). `max_rel_diff`: graphed against eager, over the
 real tokens' outputs and every LoRA gradient, each relative to the eager tensor's largest value. `other_lengths`:
 the same for a micro batch of other lengths replayed from the same graphs, only the sequence table and positions
-copied in (a bucket serves every micro batch that fits it; max_seqlen is captured as the bucket). `pool_gib`:
-memory the graphs keep between replays (what one bucket's saved activations cost). A stage that raises is
-recorded with its error instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth (the GPU
-image's); docs/performance.md weighs the lever this measures.
+copied in (a bucket serves every micro batch that fits it with as many sequences: the table's size is captured,
+and max_seqlen is captured as the bucket). `same_shapes_max_rel_diff`: graphed against the same padded micro
+batch run eagerly, the graphs' own arithmetic (0 is a clean pass). `pool_gib`: memory the graphs keep reserved
+between replays (what one bucket's saved activations cost). A stage that raises is recorded with its error (and
+the error it happened during) instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth
+(the GPU image's) and nbddp's packed attention applying there; docs/performance.md weighs the lever this measures.
 """
 import argparse
 import importlib.metadata
@@ -86,6 +88,10 @@ def layer_kwargs(torch, model, positions):
         pass
     finally:
         handle.remove()
+    missing = [key for key in ("packed_seq_lengths", "position_ids", "position_embeddings") if seen.get(key) is None]
+    if missing:
+        raise RuntimeError(f"Unsloth's Llama forward gave its first layer no {', '.join(missing)}: not the packed "
+                           "path this bench measures")
     return seen
 
 
@@ -115,33 +121,38 @@ def lora_parameters(model):
     return [p for name, p in model.named_parameters() if "lora_" in name and p.requires_grad]
 
 
-def step(call, hidden, grad_out, parameters):
-    """One forward and backward; (output, the LoRA gradients), gradients zeroed first."""
+def forward_backward(call, hidden, grad_out, parameters):
     for parameter in parameters:
         parameter.grad = None
     out = call(hidden)
     out.backward(grad_out)
-    return out.detach(), [parameter.grad.detach().clone() for parameter in parameters]
+    return out
+
+
+def step(call, hidden, grad_out, parameters):
+    """One forward and backward; (output, the LoRA gradients), copied out of any buffer a replay reuses."""
+    out = forward_backward(call, hidden, grad_out, parameters)
+    return out.detach().clone(), [parameter.grad.detach().clone() for parameter in parameters]
 
 
 def timed(torch, call, hidden, grad_out, parameters):
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for parameter in parameters:
-        parameter.grad = None
-    call(hidden).backward(grad_out)
+    forward_backward(call, hidden, grad_out, parameters)
     issued = time.perf_counter()
     torch.cuda.synchronize()
     return (issued - start) * 1e3, (time.perf_counter() - start) * 1e3
 
 
 def launches(torch, call, hidden, grad_out, parameters):
+    """The launches (and copies) one forward and backward issues."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        step(call, hidden, grad_out, parameters)
+        forward_backward(call, hidden, grad_out, parameters)
         torch.cuda.synchronize()
-    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch")
+    names = ("cudaLaunchKernel", "cuLaunchKernel", "cuLaunchKernelEx", "cudaLaunchKernelExC", "cudaGraphLaunch",
+             "cudaMemcpyAsync", "cudaMemsetAsync")
     return {event.key: event.count for event in prof.key_averages() if event.key in names}
 
 
@@ -190,8 +201,12 @@ def stage(record, name, work):
     try:
         return work()
     except Exception as error:  # a bench of feasibility: the failure is the finding
-        record.setdefault("errors", {})[name] = "".join(traceback.format_exception_only(error)).strip()[-2000:]
-        record.setdefault("tracebacks", {})[name] = traceback.format_exc()[-4000:]
+        text = "".join(traceback.format_exception_only(error)).strip()
+        if error.__context__ is not None:  # a failed capture ends in capture_end()'s error, the cause before it
+            text += " (during: " + "".join(traceback.format_exception_only(error.__context__)).strip() + ")"
+        record.setdefault("errors", {})[name] = text[-2000:]
+        full = traceback.format_exc()  # the head holds the first error of a chain, the tail the last
+        record.setdefault("tracebacks", {})[name] = full if len(full) <= 8000 else f"{full[:3000]}\n...\n{full[-5000:]}"
         return None
 
 
@@ -217,10 +232,24 @@ def main():
         with open(args.out, "w") as out:
             json.dump(record, out, indent=1)
 
-    record["packed_attention_patch"] = packed_attention.use_varlen_kernel()
-    with tempfile.TemporaryDirectory() as folder:
-        write_model(args.layers, Path(folder))
-        model = load(torch, folder)
+    write()
+    record["packed_attention_patch"] = bool(packed_attention.use_varlen_kernel())
+    if not record["packed_attention_patch"]:
+        record["errors"] = {"packed_attention_patch": "nbddp's packed attention does not apply to this torch and "
+                            "Unsloth: the layers would run Unsloth's attention once per sequence, which this bench "
+                            "does not measure"}
+        write()
+        return 1
+
+    def build():
+        with tempfile.TemporaryDirectory() as folder:
+            write_model(args.layers, Path(folder))
+            return load(torch, folder)
+
+    model = stage(record, "load", build)
+    write()
+    if model is None:
+        return 1
     parameters = lora_parameters(model)
     generator = torch.Generator(device="cuda").manual_seed(0)
     hidden = torch.randn(1, BUCKET, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
@@ -236,27 +265,35 @@ def main():
 
     eager = stage(record, "eager", lambda: eager_for(LENGTHS))
     eager_result = stage(record, "eager_step", lambda: step(eager[0], *eager[1:], parameters)) if eager else None
-    table_tensors = {}
+    table_tensors, same_shapes = {}, {}
 
     def capture():
         captured_kwargs = layer_kwargs(torch, model, padded(LENGTHS, BUCKET)[1])
         table_tensors.update(capture_table(torch, packing, captured_kwargs, BUCKET))
-        before = torch.cuda.memory_allocated()
-        graphed = torch.cuda.make_graphed_callables(layer_stack(torch, model, captured_kwargs), (hidden,),
-                                                    num_warmup_iters=3)
+        stack = layer_stack(torch, model, captured_kwargs)
+        same_shapes["eager"] = step(stack, hidden, grad_out, parameters)  # the graphs' arithmetic, run eagerly
         torch.cuda.synchronize()
-        record["pool_gib"] = (torch.cuda.memory_allocated() - before) / 2 ** 30
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved()
+        graphed = torch.cuda.make_graphed_callables(stack, (hidden,), num_warmup_iters=3)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # what is still reserved now, the graphs' pools hold
+        record["pool_gib"] = (torch.cuda.memory_reserved() - before) / 2 ** 30
         return graphed
 
     graphed = stage(record, "capture", capture)
     write()
     graphed_result = stage(record, "graphed_step", lambda: step(graphed, hidden, grad_out, parameters)) \
         if graphed else None
-    if eager_result and graphed_result:
+    if graphed_result and eager_result:
         record["max_rel_diff"] = largest_difference(graphed_result, eager_result, real)
+    if graphed_result and same_shapes:
+        record["same_shapes_max_rel_diff"] = largest_difference(graphed_result, same_shapes["eager"], real)
 
     variants = {"eager": (eager[0], *eager[1:]) if eager else None,
                 "graphed": (graphed, hidden, grad_out) if graphed else None}
+    if variants["eager"]:  # capture replaced Unsloth's one cached sequence table: rebuild eager's before timing
+        stage(record, "eager_warm_up", lambda: step(*variants["eager"], parameters))
     rounds = []
     for round_ in range(args.rounds):
         figures = {}
@@ -293,9 +330,10 @@ def main():
 
         record["other_lengths_max_rel_diff"] = stage(record, "other_lengths", other)
     write()
-    print(json.dumps({key: record.get(key) for key in ("median", "launches", "max_rel_diff",
+    print(json.dumps({key: record.get(key) for key in ("median", "launches", "max_rel_diff", "same_shapes_max_rel_diff",
                                                          "other_lengths_max_rel_diff", "pool_gib", "errors")}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -64,3 +64,17 @@ def test_a_stage_that_raises_is_recorded_not_raised():
     assert graphed_layers.stage(record, "capture", lambda: 1 / 0) is None
     assert record["errors"] == {"capture": "ZeroDivisionError: division by zero"}
     assert "1 / 0" in record["tracebacks"]["capture"]
+
+
+def test_a_stage_that_fails_while_handling_an_error_names_both():
+    record = {}
+
+    def capture():
+        try:
+            raise RuntimeError("operation not permitted when stream is capturing")
+        finally:
+            raise RuntimeError("operation failed due to a previous error during capture")
+
+    graphed_layers.stage(record, "capture", capture)
+    assert record["errors"]["capture"] == ("RuntimeError: operation failed due to a previous error during capture "
+                                           "(during: RuntimeError: operation not permitted when stream is capturing)")
