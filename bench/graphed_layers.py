@@ -19,6 +19,7 @@ the error it happened during) instead of its figures, so a capture that fails sa
 """
 import argparse
 import importlib.metadata
+import itertools
 import json
 import platform
 import statistics
@@ -40,7 +41,12 @@ def padded(lengths, bucket):
     if pad < 1:
         raise ValueError(f"{sum(lengths)} tokens do not leave room for a padding sequence in a bucket of {bucket}")
     table = (*lengths, pad)
-    return table, [position for length in table for position in range(length)]
+    return table, positions_of(table)
+
+
+def positions_of(lengths):
+    """Every token's position in its sequence, for sequences of `lengths` packed into one row."""
+    return [position for length in lengths for position in range(length)]
 
 
 def write_model(layers, out_dir):
@@ -184,16 +190,8 @@ def load_table(torch, tensors, table, positions):
     """Copy the sequence table `table` and its `positions` into the captured tensors, in place."""
     tensors["lengths"].copy_(torch.tensor(table, dtype=tensors["lengths"].dtype))
     tensors["seq_lengths"].copy_(torch.tensor(table, dtype=tensors["seq_lengths"].dtype))
-    tensors["cu_seqlens"].copy_(torch.tensor([0, *_cumulative(table)], dtype=tensors["cu_seqlens"].dtype))
+    tensors["cu_seqlens"].copy_(torch.tensor([0, *itertools.accumulate(table)], dtype=tensors["cu_seqlens"].dtype))
     tensors["position_ids"].copy_(torch.tensor([positions], dtype=tensors["position_ids"].dtype))
-
-
-def _cumulative(values):
-    total, out = 0, []
-    for value in values:
-        total += value
-        out.append(total)
-    return out
 
 
 def stage(record, name, work):
@@ -258,8 +256,7 @@ def main():
     grad_out[:, real:] = 0  # the padding sequence's tokens carry no loss
 
     def eager_for(lengths):
-        positions = [position for length in lengths for position in range(length)]
-        stack = layer_stack(torch, model, layer_kwargs(torch, model, positions))
+        stack = layer_stack(torch, model, layer_kwargs(torch, model, positions_of(lengths)))
         rows = sum(lengths)
         return stack, hidden[:, :rows].contiguous(), grad_out[:, :rows].contiguous()
 
