@@ -749,7 +749,6 @@ def trial_figures(steps, end, plan, state=None):
         overall = sum(s["tokens"] for s in counted) / elapsed if elapsed > 0 else None
     peaks = [s["peak_mem_gib"] for s in steps if s.get("peak_mem_gib") is not None]
     splits = [s["step_split"] for s in steady if isinstance(s.get("step_split"), dict)]
-    split_steps = sum(split["steps"] for split in splits)
     return {
         "steps": len(steps),
         "warmup_steps": skip,
@@ -762,9 +761,10 @@ def trial_figures(steps, end, plan, state=None):
         "train_runtime_s": end.get("train_runtime") if end else None,
         "train_loss": end.get("train_loss") if end else None,
         "batch_plan": plan,
-        # ms a step in each phase (metrics.jsonl's step_split), over the steady steps
-        "step_split_ms": {phase: sum(split[f"{phase}_s"] for split in splits) / split_steps * 1e3
-                          for phase in metrics.STEP_PHASES} if split_steps else None,
+        # ms a step in each phase (metrics.jsonl's step_split): the median over the steady records, so that a
+        # profiler's dump or a save between two steps does not count as every step's
+        "step_split_ms": {phase: statistics.median(split[f"{phase}_s"] / split["steps"] for split in splits) * 1e3
+                          for phase in metrics.STEP_PHASES} if splits else None,
     }
 
 
