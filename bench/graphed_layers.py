@@ -4,7 +4,7 @@ one padding-free micro batch, forward and backward on one GPU: eagerly as Unslot
 graphs that `torch.cuda.make_graphed_callables` captured at a bucket of BUCKET tokens, the micro batch padded up
 to it with one more sequence whose gradient is zero (its own attention block: the real tokens never see it).
 
-    python -m bench.graphed_layers --out $OUT/graphed_layers.json [--layers 4 --rounds 3]
+    python -m bench.graphed_layers --out $OUT/graphed_layers.json [--layers 4 --rounds 3]   (--layers 32: all of 8B's)
 
 Per variant and round: `host_ms`, the time to issue one forward and backward of the layers; `drained_ms`, until
 the GPU finished them; `launches` of one call (torch.profiler). `max_rel_diff`: graphed against eager, over the
@@ -13,7 +13,9 @@ the same for a micro batch of other lengths replayed from the same graphs, only 
 copied in (a bucket serves every micro batch that fits it with as many sequences: the table's size is captured,
 and max_seqlen is captured as the bucket). `same_shapes_max_rel_diff`: graphed against the same padded micro
 batch run eagerly, the graphs' own arithmetic (0 is a clean pass). `pool_gib`: memory the graphs keep reserved
-between replays (what one bucket's saved activations cost). A stage that raises is recorded with its error (and
+between replays (what one bucket's saved activations cost). `eager_repeat_max_rel_diff`: the eager step against
+itself, the yardstick for the differences. `buckets`: the layout a runtime would hold, graphs of each layer for two
+buckets in one shared pool, replayed A, B, A (see `buckets`). A stage that raises is recorded with its error (and
 the error it happened during) instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth
 (the GPU image's) and nbddp's packed attention applying there; docs/performance.md weighs the lever this measures.
 """
@@ -31,6 +33,9 @@ from pathlib import Path
 LENGTHS = (74, 164, 372, 120, 301, 201, 97, 181)  # 1,510 tokens: the median micro batch of the 8B layout runs
 OTHER_LENGTHS = (955, 74, 69, 120, 66, 50, 40, 80)  # 1,454 tokens, the longest row among them
 BUCKET = 1536
+HIDDEN = 4096
+# Two buckets of per-layer graphs in one pool: bucket -> the micro batch replayed there
+BUCKETS = {1536: LENGTHS, 2048: (955, 164, 372, 120, 74, 97, 50, 40)}  # 1,510 and 1,872 tokens
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -105,22 +110,46 @@ class _Seen(Exception):
     """Stops the model's forward once the first layer's arguments are read."""
 
 
+def layer_modules(torch, model, kwargs):
+    """Each decoder layer as a module of `hidden -> hidden` with the micro batch's other arguments fixed."""
+    fixed = {key: value for key, value in kwargs.items() if key not in ("hidden_states",)}
+
+    class Layer(torch.nn.Module):
+        def __init__(self, layer):
+            super().__init__()
+            self.layer = layer
+
+        def forward(self, hidden):
+            return self.layer(hidden, **fixed)[0]
+
+    return [Layer(layer) for layer in model.base_model.model.model.layers]
+
+
 def layer_stack(torch, model, kwargs):
     """The decoder layers as one module of `hidden -> hidden` with the micro batch's other arguments fixed."""
-    layers = model.base_model.model.model.layers
-    fixed = {key: value for key, value in kwargs.items() if key not in ("hidden_states",)}
 
     class Stack(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.layers = layers
+            self.layers = torch.nn.ModuleList(layer_modules(torch, model, kwargs))
 
         def forward(self, hidden):
             for layer in self.layers:
-                hidden = layer(hidden, **fixed)[0]
+                hidden = layer(hidden)
             return hidden
 
     return Stack()
+
+
+def chain(graphed):
+    """One call of `hidden -> hidden` through graphed layers in turn, as a model's layer loop calls them."""
+
+    def call(hidden):
+        for layer in graphed:
+            hidden = layer(hidden)
+        return hidden
+
+    return call
 
 
 def lora_parameters(model):
@@ -194,6 +223,66 @@ def load_table(torch, tensors, table, positions):
     tensors["position_ids"].copy_(torch.tensor([positions], dtype=tensors["position_ids"].dtype))
 
 
+def micro_batch(torch, generator, bucket, lengths):
+    """Random layer inputs of `bucket` tokens and output gradients that are zero past the real `lengths`' tokens
+    (the padding sequence carries no loss): (hidden, grad_out)."""
+    hidden = torch.randn(1, bucket, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=generator)
+    grad_out = torch.randn(1, bucket, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=generator) * 1e-2
+    grad_out[:, sum(lengths):] = 0
+    return hidden, grad_out
+
+
+def buckets(torch, packing, model, parameters, eager_for, rounds):
+    """What a runtime replaying the model's own layer loop would hold: graphs of each layer, captured together per
+    bucket of BUCKETS, both buckets in one memory pool (a micro batch's forward and backward end before the next
+    one's start, so buckets never replay interleaved). Returns `pool_gib` after each capture (the pool is shared:
+    the second figure is both), `max_rel_diff` of replays in the order A, B, A against the same micro batch run
+    eagerly (bucket A replayed after B's capture and replay: whether B overwrote what A keeps), the `launches` of
+    one replay, and `drained_ms`, the median replay and eager step over `rounds` rounds, interleaved."""
+    pool = torch.cuda.graph_pool_handle()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_reserved()
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    result, sets = {"pool_gib": {}, "max_rel_diff": [], "launches": {}, "drained_ms": {}}, {}
+    for bucket, lengths in BUCKETS.items():
+        table, positions = padded(lengths, bucket)
+        kwargs = layer_kwargs(torch, model, positions)
+        tensors = capture_table(torch, packing, kwargs, bucket)
+        modules = layer_modules(torch, model, kwargs)
+        samples = tuple((torch.randn(1, bucket, HIDDEN, device="cuda", dtype=torch.bfloat16, generator=generator)
+                         .requires_grad_(index > 0),) for index in range(len(modules)))  # layer 0's input: no grad
+        graphed = torch.cuda.make_graphed_callables(tuple(modules), samples, num_warmup_iters=3, pool=pool)
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        result["pool_gib"][bucket] = (torch.cuda.memory_reserved() - base) / 2 ** 30
+        hidden, grad_out = micro_batch(torch, generator, bucket, lengths)
+        sets[bucket] = (chain(graphed), tensors, table, positions, hidden, grad_out, lengths)
+
+    def replay(bucket):
+        call, tensors, table, positions, hidden, grad_out, _ = sets[bucket]
+        load_table(torch, tensors, table, positions)
+        return call, hidden, grad_out
+
+    first = next(iter(BUCKETS))
+    for bucket in (*BUCKETS, first):
+        lengths = sets[bucket][-1]
+        replayed = step(*replay(bucket), parameters)
+        reference = step(*eager_for(lengths, *sets[bucket][4:6]), parameters)
+        result["max_rel_diff"].append([bucket, largest_difference(replayed, reference, sum(lengths))])
+    for bucket in BUCKETS:
+        lengths = sets[bucket][-1]
+        result["launches"][bucket] = launches(torch, *replay(bucket), parameters)
+        eager = eager_for(lengths, *sets[bucket][4:6])
+        step(*eager, parameters)  # its sequence table cached again
+        times = {"graphed": [], "eager": []}
+        for round_ in range(rounds):
+            for name in (("eager", "graphed") if round_ % 2 == 0 else ("graphed", "eager")):
+                call = eager if name == "eager" else replay(bucket)
+                times[name].append(timed(torch, *call, parameters)[1])
+        result["drained_ms"][bucket] = {name: statistics.median(values) for name, values in times.items()}
+    return result
+
+
 def stage(record, name, work):
     """Run `work()`, keeping its result; on an exception record it under `errors` and return None."""
     try:
@@ -250,12 +339,10 @@ def main():
         return 1
     parameters = lora_parameters(model)
     generator = torch.Generator(device="cuda").manual_seed(0)
-    hidden = torch.randn(1, BUCKET, 4096, device="cuda", dtype=torch.bfloat16, generator=generator)
-    grad_out = torch.randn(1, BUCKET, 4096, device="cuda", dtype=torch.bfloat16, generator=generator) * 1e-2
+    hidden, grad_out = micro_batch(torch, generator, BUCKET, LENGTHS)
     real = sum(LENGTHS)
-    grad_out[:, real:] = 0  # the padding sequence's tokens carry no loss
 
-    def eager_for(lengths):
+    def eager_for(lengths, hidden=hidden, grad_out=grad_out):
         stack = layer_stack(torch, model, layer_kwargs(torch, model, positions_of(lengths)))
         rows = sum(lengths)
         return stack, hidden[:, :rows].contiguous(), grad_out[:, :rows].contiguous()
@@ -326,6 +413,15 @@ def main():
             return largest_difference(replayed, reference, rows)
 
         record["other_lengths_max_rel_diff"] = stage(record, "other_lengths", other)
+    if eager:  # the yardstick for every difference above: the eager step against itself
+        record["eager_repeat_max_rel_diff"] = stage(
+            record, "eager_repeat", lambda: largest_difference(step(*variants["eager"], parameters), eager_result, real))
+    write()
+    graphed = variants = None  # the stack's graphs and their pool go before the buckets' are measured
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    record["buckets"] = stage(record, "buckets", lambda: buckets(torch, packing, model, parameters, eager_for,
+                                                                  args.rounds))
     write()
     print(json.dumps({key: record.get(key) for key in ("median", "launches", "max_rel_diff", "same_shapes_max_rel_diff",
                                                          "other_lengths_max_rel_diff", "pool_gib", "errors")}))

@@ -50,6 +50,16 @@ def test_the_layer_stack_runs_every_layer_with_the_micro_batchs_arguments():
     assert len(list(stack.parameters())) == 2  # the layers' own: their gradients come out of the graphs
 
 
+def test_a_chain_calls_the_graphed_layers_in_turn():
+    assert graphed_layers.chain([lambda h: h + 1, lambda h: h * 3])(torch.tensor(1.0)) == 6
+
+
+def test_the_buckets_micro_batches_fit_with_a_padding_sequence():
+    for bucket, lengths in graphed_layers.BUCKETS.items():
+        assert graphed_layers.padded(lengths, bucket)[0][-1] >= 1
+    assert len(set(map(len, graphed_layers.BUCKETS.values()))) == 1  # a bucket's graphs hold its table's size
+
+
 def test_the_difference_is_over_the_real_rows_and_every_gradient():
     eager = (torch.tensor([[[1.0], [2.0], [9.0]]]), [torch.tensor([4.0, -2.0])])
     graphed = (torch.tensor([[[1.0], [2.5], [0.0]]]), [torch.tensor([4.0, -1.0])])
