@@ -29,7 +29,8 @@ torch.profiler trace of those steps, summarised per step (bench.profile_summary:
 launches, host<->device copies, checkpoint function calls), come back as the trial's `rank0*.json`.
 
 Each round runs A (`LAYOUT_A_FLAGS`, default none: the notebook as written) then B (`LAYOUT_B_FLAGS`, default
-`--batch_layout auto`), each a fresh `torchrun --nproc_per_node 1` (`LAYOUT_LAUNCH=python`: plain python) with
+`--batch_layout auto`), with `LAYOUT_A_ENV` / `LAYOUT_B_ENV` (`NAME=VALUE ...`, e.g. the run setting
+`cuda_graphs` as NBDDP_CUDA_GRAPHS=1) added to that variant's environment, each a fresh `torchrun --nproc_per_node 1` (`LAYOUT_LAUNCH=python`: plain python) with
 NBDDP_OUTPUT_DIR set to the trial's folder, so every trial keeps its metrics.jsonl and checkpoint. The notebook's
 own 60 steps and 2 x 4 layout unless LAYOUT_MAX_STEPS is set. A part starts only if its preparation and first pair
 fit before the deadline, a trial only if it is expected to end before it (a pair's A only if its B fits too);
@@ -515,6 +516,12 @@ def variant_flags():
             "B": shlex.split(os.environ.get("LAYOUT_B_FLAGS", "--batch_layout auto"))}
 
 
+def variant_env():
+    """{variant: the variables LAYOUT_<variant>_ENV adds to its trials' environment}."""
+    return {variant: dict(item.split("=", 1) for item in shlex.split(os.environ.get(f"LAYOUT_{variant}_ENV", "")))
+            for variant in VARIANTS}
+
+
 def launch_command(script, flags, profiled=False):
     """The trial's command; `profiled`: through bench/timed_run.py, which times the steps and profiles
     LAYOUT_PROFILE_STEPS (handed on as BENCH_PROFILE_STEPS)."""
@@ -542,6 +549,7 @@ def log_facts(text):
         "plan_lines": [line for line in nbddp if "global batch" in line],
         "checkpointing_lines": [line for line in nbddp if re.search(r"checkpointing", line, re.I)],
         "batch_layout_lines": [line for line in nbddp if "--batch_layout" in line],
+        "graphs_lines": [line for line in nbddp if "CUDA graphs" in line],
         "unsloth_batch_lines": unsloth_batch,
         "notebook_peak_reserved_gb": float(peak[-1]) if peak else None,
         "notebook_train_runtime_s": float(runtime[-1]) if runtime else None,
@@ -604,7 +612,7 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
     flags = ["--workdir", facts["dir"], *variant_flags()[variant]]
     profile_steps = os.environ.get("LAYOUT_PROFILE_STEPS", "")
     command = launch_command(facts["script"], flags, profiled=bool(profile_steps))
-    env = trial_env(facts["dir"], output_dir)
+    env = {**trial_env(facts["dir"], output_dir), **variant_env()[variant]}
     if profile_steps:
         env.update(BENCH_RESULT_DIR=str(trial_work / "timed"), BENCH_PROFILE_STEPS=profile_steps,
                    BENCH_T0=str(time.time()))
@@ -625,7 +633,7 @@ def run_trial(facts, variant, round_, timeout_s, work, out):
     compressed = gzip.compress(text.encode("utf-8", errors="replace"))
     if len(compressed) <= LOG_GZ_LIMIT:  # the whole console, for a trial that went wrong in a way the excerpt misses
         (dest / "log.txt.gz").write_bytes(compressed)
-    record = {"part": name, "round": round_, "variant": variant, "flags": flags,
+    record = {"part": name, "round": round_, "variant": variant, "flags": flags, "env": variant_env()[variant],
               "command": shlex.join(command), "cwd": facts["dir"], "output_dir": str(output_dir),
               "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"), "returncode": returncode, "timed_out": timed_out,
               "timeout_s": timeout_s, "wall_s": wall, "log": log_facts(text),
@@ -908,6 +916,7 @@ def environment_facts(parts, deadline_s, rounds):
         "variants": {"A": "as written" + (f" ({os.environ['LAYOUT_A_FLAGS']})" if os.environ.get("LAYOUT_A_FLAGS")
                                           else ""),
                      "B": " ".join(variant_flags()["B"])},
+        "variant_env": variant_env(),
         "launch": os.environ.get("LAYOUT_LAUNCH", "torchrun"),
         "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"),
         "notebooks_source": ((NOTEBOOKS / "SOURCE.txt").read_text().splitlines()

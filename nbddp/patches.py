@@ -31,7 +31,8 @@ __all__ = ["PATCHES", "TESTED", "wrap", "set_attribute", "set_item", "append", "
 class Patch:
     target: str  # what is changed
     library: str  # the distribution that defines it ("python": the interpreter's own globals)
-    when: str  # "hf backend", "unsloth backend", "every run", "a script", "CPU runs", "smoke runs", "--strategy fsdp"
+    when: str  # "hf backend", "unsloth backend", "every run", "a script", "CPU runs", "smoke runs", "--strategy fsdp",
+    # "the run setting cuda_graphs"
     why: str
 
 
@@ -47,6 +48,12 @@ PATCHES = {
         "varlen_attn(enable_gqa=); on torch 2.11 without flash-attn or a loading xformers it runs SDPA once per "
         "sequence, about half a step's kernel launches: its own aten flash path runs there "
         "(runtime.packed_attention)"),
+    "unsloth-graphed-layers": Patch(
+        "the forward of each of an Unsloth model's decoder layers (instance attributes)", "unsloth",
+        "the run setting cuda_graphs",
+        "Unsloth 2026.10.9 issues about a hundred kernels a layer and pass from the host, which leaves an 8B QLoRA "
+        "step's GPU idle two thirds of the time on an H100; replaying each layer from a CUDA graph issues one "
+        "(runtime.graphed_layers)"),
     "trl-unsloth-arguments": Patch(
         "__init__ of TRL's SFT, GRPO, DPO and ORPO trainers", "trl", "hf backend",
         "TRL 0.13 moved dataset_text_field=, max_seq_length=, beta=, tokenizer= into the configs; importing Unsloth "

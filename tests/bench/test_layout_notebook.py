@@ -267,3 +267,9 @@ def test_a_tokenizer_larger_than_the_tiny_model_gets_a_tiny_model_with_as_many_e
     assert (grown / "tokenizer.json").is_file()
     stamp = (grown / "config.json").stat().st_mtime_ns
     assert ln.grown_tiny_model(tiny, grown, 131) == grown and (grown / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_a_variants_environment_comes_from_its_layout_env(monkeypatch):
+    monkeypatch.setenv("LAYOUT_B_ENV", "NBDDP_CUDA_GRAPHS=1 OTHER='a b'")
+    monkeypatch.delenv("LAYOUT_A_ENV", raising=False)
+    assert ln.variant_env() == {"A": {}, "B": {"NBDDP_CUDA_GRAPHS": "1", "OTHER": "a b"}}

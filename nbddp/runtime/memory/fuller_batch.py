@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from nbddp import log, patches
 from nbddp.rank import is_main_process
+from nbddp.runtime import graphed_layers
 from nbddp.runtime.memory import batch_plan
 from nbddp.runtime.memory.batch_plan import BatchPlan
 from nbddp.runtime.memory.gradient_checkpointing import (capacity_gib, checkpointed_modules, real_unsloth_imported,
@@ -100,6 +101,7 @@ def lay_out(trainer, plan: BatchPlan) -> None:
          f"(was {plan.micro_batch}, {current}): estimated {format_gib(chosen.estimate_gib)} GiB, this process's "
          f"peak after the probe {format_gib(peak_gib)} GiB{used} at the longest rows ({seq_len} tokens), budget "
          f"{budget:.1f} GiB; {new_plan.describe()}")
+    graphed_layers.install(trainer, chosen.mode)
     warning = None if used_gib is None else mode_not_in_force(chosen.mode, f"the probe step at micro batch "
                                                             f"{chosen.micro_batch}", used_gib, chosen.activations_gib)
     if warning:

@@ -1,0 +1,174 @@
+"""runtime.graphed_layers on CPU: the buckets, the sequence table a replay copies in, and the layers' calls routed
+through a bucket (padded, cut back) giving the eager outputs and gradients. torch's graph capture is CUDA's: here
+`make_graphed` hands the bucket's layers back uncaptured, so the bucket's own table and padding are what run."""
+import pytest
+import torch
+
+from nbddp import patches
+from nbddp.errors import UsageError
+from nbddp.formats.run_settings import ENV
+from nbddp.runtime import graphed_layers as gl
+
+
+@pytest.fixture(autouse=True)
+def _undo_patches():
+    yield
+    patches.undo()
+
+
+class SequenceLayer(torch.nn.Module):
+    """A stand-in for Unsloth's decoder layer: each token mixes in the running sum of the tokens before it in its own
+    sequence (the table decides where sequences start) and its position."""
+
+    def __init__(self, seed):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter(torch.randn(4, 4, generator=generator) * 0.3)
+        self.position_weight = torch.nn.Parameter(torch.randn(4, generator=generator) * 0.1)
+
+    def forward(self, hidden_states, causal_mask=None, attention_mask=None, position_ids=None, past_key_value=None,
+                output_attentions=False, use_cache=False, padding_mask=None, position_embeddings=None,
+                packed_seq_lengths=None):
+        chunks = torch.split(hidden_states, packed_seq_lengths.tolist(), dim=1)
+        mixed = torch.cat([chunk.cumsum(dim=1) for chunk in chunks], dim=1)
+        out = torch.tanh(mixed @ self.weight) + position_ids[..., None].float() * self.position_weight
+        return (hidden_states + out,)
+
+
+def model_of(count):
+    layers = torch.nn.ModuleList([SequenceLayer(seed) for seed in range(count)])
+    layers.train()
+    return layers
+
+
+def run(layers, lengths, hidden):
+    """The model's layer loop over one padding-free micro batch of sequences of `lengths`."""
+    seq_lengths = torch.tensor(lengths, dtype=torch.int32)
+    positions = torch.tensor([[p for length in lengths for p in range(length)]])
+    for layer in layers:
+        hidden = layer(hidden, causal_mask=None, attention_mask=None, position_ids=positions, past_key_value=None,
+                       output_attentions=False, use_cache=False, padding_mask=None, position_embeddings=None,
+                       packed_seq_lengths=seq_lengths)[0]
+    return hidden
+
+
+def uncaptured(modules, samples, num_warmup_iters, pool):
+    return modules
+
+
+def step(layers, lengths, hidden, grad):
+    layers.zero_grad(set_to_none=True)
+    out = run(layers, lengths, hidden)
+    out.backward(grad)
+    return out.detach().clone(), [p.grad.clone() for p in layers.parameters()]
+
+
+def test_a_micro_batch_goes_to_the_next_bucket_with_room_for_padding():
+    assert gl.bucket_size(1) == 256
+    assert gl.bucket_size(255) == 256
+    assert gl.bucket_size(256) == 512  # at least one padding token: the padding sequence is never empty
+    assert gl.bucket_size(1510) == 1536
+
+
+def test_a_table_load_writes_the_micro_batch_then_the_padding_sequence_in_place():
+    table = gl.Table(size=8, sequences=2, device=torch.device("cpu"))
+    storage = [t.data_ptr() for t in (table.seq_lengths, table.cu_seqlens, table.position_ids)]
+    table.load(torch.tensor([3, 2], dtype=torch.int32), torch.tensor([[0, 1, 2, 0, 1]]), tokens=5)
+    assert table.seq_lengths.tolist() == [3, 2, 3]
+    assert table.cu_seqlens.tolist() == [0, 3, 5, 8]
+    assert table.position_ids.tolist() == [[0, 1, 2, 0, 1, 0, 1, 2]]
+    assert [t.data_ptr() for t in (table.seq_lengths, table.cu_seqlens, table.position_ids)] == storage
+    table.load(torch.tensor([1, 1], dtype=torch.int32), torch.tensor([[0, 0]]), tokens=2)
+    assert table.seq_lengths.tolist() == [1, 1, 6] and table.position_ids.tolist() == [[0, 0, 0, 1, 2, 3, 4, 5]]
+
+
+def test_replayed_micro_batches_give_the_eager_outputs_and_gradients():
+    layers = model_of(3)
+    generator = torch.Generator().manual_seed(0)
+    batches = [((5, 60, 100), torch.randn(1, 165, 4, generator=generator), torch.randn(1, 165, 4, generator=generator)),
+               ((7, 9), torch.randn(1, 16, 4, generator=generator), torch.randn(1, 16, 4, generator=generator)),
+               ((40, 30, 100), torch.randn(1, 170, 4, generator=generator), torch.randn(1, 170, 4, generator=generator))]
+    eager = [step(layers, *batch) for batch in batches]
+    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    replayed = [step(layers, *batch) for batch in batches]
+    for (out, grads), (out_eager, grads_eager) in zip(replayed, eager):
+        torch.testing.assert_close(out, out_eager)
+        for grad, grad_eager in zip(grads, grads_eager):
+            torch.testing.assert_close(grad, grad_eager)
+    assert graphs.replayed == 3 and not graphs.eager
+    assert sorted(graphs.buckets) == [(256, 2, False), (256, 3, False)]  # the third batch reused the first's bucket
+    assert graphs.current is None
+
+
+def test_layers_run_eagerly_outside_training_and_for_padded_batches():
+    layers = model_of(2)
+    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    hidden = torch.randn(1, 6, 4)
+    with torch.no_grad():
+        run(layers, (3, 3), hidden)
+    layers[0](hidden, attention_mask=torch.ones(1, 6), position_ids=torch.zeros(1, 6, dtype=torch.long),
+              packed_seq_lengths=torch.tensor([6]))
+    layers[0](torch.randn(2, 3, 4), position_ids=torch.zeros(2, 3, dtype=torch.long),
+              packed_seq_lengths=torch.tensor([3]))
+    assert graphs.replayed == 0 and not graphs.buckets
+    assert graphs.eager == {"not training": 1, "a padded batch or a key-value cache": 1,
+                            "not a padding-free micro batch": 1}
+
+
+def test_a_failed_capture_leaves_the_run_eager_and_says_so(caplog):
+    layers = model_of(2)
+
+    def failing(modules, samples, num_warmup_iters, pool):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=failing, pin=lambda table, device: None)
+    hidden, grad = torch.randn(1, 6, 4), torch.randn(1, 6, 4)
+    graphs_off = step(layers, (2, 4), hidden, grad)
+    step(layers, (2, 4), hidden, grad)
+    patches.undo()
+    torch.testing.assert_close(graphs_off[0], step(layers, (2, 4), hidden, grad)[0])
+    assert graphs.eager == {"the capture failed": 2} and graphs.replayed == 0
+    assert "capturing the bucket of 256 tokens and 2 sequences failed (RuntimeError: operation not permitted" \
+        in caplog.text
+    assert "0 of 2 micro batches replayed" in graphs.summary()
+
+
+def test_install_needs_the_setting_and_says_why_it_stays_off(monkeypatch, caplog):
+    class Args:
+        device = torch.device("cpu")
+
+    trainer = type("T", (), {"args": Args(), "model": model_of(1)})()
+    monkeypatch.delenv(ENV.CUDA_GRAPHS, raising=False)
+    gl.install(trainer, "off")
+    assert "CUDA graphs" not in caplog.text
+    monkeypatch.setenv(ENV.CUDA_GRAPHS, "1")
+    gl.install(trainer, "unsloth")
+    gl.install(trainer, "off")
+    assert "stay off: they need gradient checkpointing off, and it is unsloth" in caplog.text
+    assert "stay off: they need CUDA, and this process trains on cpu" in caplog.text
+    monkeypatch.setenv(ENV.CUDA_GRAPHS, "sometimes")
+    with pytest.raises(UsageError, match="expected 1 or 0"):
+        gl.install(trainer, "off")
+
+
+def test_only_layers_whose_forward_is_unsloths_are_graphed():
+    model = torch.nn.Module()
+    model.layers = model_of(2)
+    assert gl.decoder_layers(model) == []  # this test's layers: their forward is not Unsloth's
+    unsloth_like = type("LlamaDecoderLayer", (SequenceLayer,), {})
+    forward = lambda self, *args, **kwargs: SequenceLayer.forward(self, *args, **kwargs)  # noqa: E731
+    forward.__module__ = "unsloth.models.llama"
+    unsloth_like.forward = forward
+    model.layers = torch.nn.ModuleList([unsloth_like(0), unsloth_like(1)])
+    assert gl.decoder_layers(model) == list(model.layers)
+
+
+def test_the_summary_names_buckets_memory_and_eager_reasons():
+    graphs = gl.GraphedLayers(model_of(1), torch.device("cpu"), make_graphed=uncaptured,
+                              pin=lambda table, device: None)
+    graphs.replayed, graphs.eager["not training"] = 5, 1
+    graphs.buckets = {(1024, 8, False): None, (2560, 8, False): None}
+    graphs.capture_s, graphs.captured_gib = 3.25, 12.04
+    assert graphs.summary() == ("CUDA graphs: 5 of 6 micro batches replayed; 2 buckets captured (1,024-2,560 "
+                                "tokens) in 3.2 s, 12.0 GiB more GPU memory reserved by the captures; eager: 1 (not "
+                                "training)")
