@@ -35,7 +35,8 @@ from nbddp.rank import is_main_process
 PATCH = "unsloth-graphed-layers"
 BUCKET_TOKENS = 256
 # The keywords Unsloth's Llama-family model passes its decoder layers (unsloth/models/llama.py,
-# LlamaModel_fast_forward); those of NOT_SET must be empty for a layer to replay from a graph.
+# LlamaModel_fast_forward, with the model's own **kwargs); those of NOT_SET must be empty for a layer to replay
+# from a graph.
 KEYWORDS = {"causal_mask", "attention_mask", "position_ids", "past_key_value", "output_attentions", "use_cache",
             "padding_mask", "position_embeddings", "packed_seq_lengths"}
 NOT_SET = ("causal_mask", "attention_mask", "past_key_value", "output_attentions", "use_cache", "padding_mask")
@@ -210,9 +211,14 @@ class GraphedLayers:
             return "the capture failed"
         if not (torch.is_grad_enabled() and self.layers[0].training) or torch.is_inference_mode_enabled():
             return "not training"
-        if args or set(kwargs) - KEYWORDS or any(kwargs.get(name) is not None and kwargs.get(name) is not False
-                                                for name in NOT_SET):
+        if any(kwargs.get(name) is not None and kwargs.get(name) is not False for name in NOT_SET):
             return "a padded batch or a key-value cache"
+        # Other keywords pass through to the attention (Trainer's num_items_in_batch, ...): a scalar is fixed at
+        # capture, which the layers do not read; anything per token would be frozen, so that runs eagerly.
+        frozen = [name for name in sorted(set(kwargs) - KEYWORDS)
+                  if isinstance(kwargs[name], torch.Tensor) and kwargs[name].dim() > 0]
+        if args or frozen:
+            return f"arguments a graph would freeze ({', '.join(frozen) or 'positional'})"
         lengths, positions = kwargs.get("packed_seq_lengths"), kwargs.get("position_ids")
         if hidden.dim() != 3 or hidden.shape[0] != 1 or lengths is None or positions is None:
             return "not a padding-free micro batch"

@@ -28,7 +28,7 @@ class SequenceLayer(torch.nn.Module):
 
     def forward(self, hidden_states, causal_mask=None, attention_mask=None, position_ids=None, past_key_value=None,
                 output_attentions=False, use_cache=False, padding_mask=None, position_embeddings=None,
-                packed_seq_lengths=None):
+                packed_seq_lengths=None, **kwargs):
         chunks = torch.split(hidden_states, packed_seq_lengths.tolist(), dim=1)
         mixed = torch.cat([chunk.cumsum(dim=1) for chunk in chunks], dim=1)
         out = torch.tanh(mixed @ self.weight) + position_ids[..., None].float() * self.position_weight
@@ -110,9 +110,30 @@ def test_layers_run_eagerly_outside_training_and_for_padded_batches():
               packed_seq_lengths=torch.tensor([6]))
     layers[0](torch.randn(2, 3, 4), position_ids=torch.zeros(2, 3, dtype=torch.long),
               packed_seq_lengths=torch.tensor([3]))
+    layers[0](hidden, position_ids=torch.zeros(1, 6, dtype=torch.long), packed_seq_lengths=torch.tensor([6]),
+              token_type_ids=torch.zeros(1, 6))
     assert graphs.replayed == 0 and not graphs.buckets
     assert graphs.eager == {"not training": 1, "a padded batch or a key-value cache": 1,
-                            "not a padding-free micro batch": 1}
+                            "not a padding-free micro batch": 1, "arguments a graph would freeze (token_type_ids)": 1}
+
+
+def test_a_scalar_keyword_passes_through_to_the_captured_layers():
+    layers = model_of(2)
+    seen = []
+    original = SequenceLayer.forward
+
+    def forward(self, hidden_states, num_items_in_batch=None, **kwargs):
+        seen.append(num_items_in_batch)
+        return original(self, hidden_states, **kwargs)
+
+    for layer in layers:
+        layer.forward = forward.__get__(layer)
+    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    hidden = torch.randn(1, 6, 4, requires_grad=True)
+    layers[0](hidden, position_ids=torch.zeros(1, 6, dtype=torch.long), packed_seq_lengths=torch.tensor([6]),
+              num_items_in_batch=torch.tensor(6))
+    assert graphs.replayed == 1 and [int(n) for n in seen] == [6]
+    assert list(graphs.buckets) == [(256, 1, True)]
 
 
 def test_a_failed_capture_leaves_the_run_eager_and_says_so(caplog):
