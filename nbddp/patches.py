@@ -49,7 +49,8 @@ PATCHES = {
         "sequence, about half a step's kernel launches: its own aten flash path runs there "
         "(runtime.packed_attention)"),
     "unsloth-graphed-layers": Patch(
-        "the forward of each of an Unsloth model's decoder layers (instance attributes)", "unsloth",
+        "the forward of each of an Unsloth model's decoder layers (instance attributes); while a bucket is captured, "
+        "unsloth.utils.attention_dispatch._varlen_attn_call (counted) and the packed-sequence cache entry", "unsloth",
         "the run setting cuda_graphs",
         "Unsloth 2026.10.9 issues about a hundred kernels a layer and pass from the host, which leaves an 8B QLoRA "
         "step's GPU idle two thirds of the time on an H100; replaying each layer from a CUDA graph issues one "

@@ -146,8 +146,9 @@ SETTINGS = (
     Setting("layout_check", "path", None, "train the smoke steps in both layouts, their metrics into this file",
             env="NBDDP_LAYOUT_CHECK", set_by="smoke's layout check", read_by="runtime (memory.smoke_layout_check)"),
     Setting("cuda_graphs", "bool", False, "under --batch_layout auto with checkpointing off, Unsloth's decoder layers "
-            "replay from CUDA graphs, each micro batch padded to a 256-token bucket (measured on one GPU call: "
-            "docs/performance.md)", env="NBDDP_CUDA_GRAPHS", set_by="the user; the layout bench's LAYOUT_B_ENV",
+            "replay from CUDA graphs, each micro batch padded to a 256-token bucket (experimental: measured on four "
+            "layers, not yet in a training run; docs/performance.md)", env="NBDDP_CUDA_GRAPHS",
+            set_by="the user; the layout bench's LAYOUT_B_ENV",
             read_by="runtime (graphed_layers)"),
     Setting("cache", "path", "~/.cache/nbddp/models", "where the example notebooks' tiny model weights are built",
             env="NBDDP_CACHE", set_by="the user", read_by="nbddp.examples.tiny_model"),

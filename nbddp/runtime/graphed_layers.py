@@ -11,15 +11,21 @@ gradient are the micro batch's own. A bucket (its size, its number of sequences)
 batch needs it; every bucket shares one memory pool, which is sound because a micro batch's forward and backward end
 before the next one's forward starts.
 
-Only where the arithmetic is known to replay: on CUDA, under real Unsloth with its own decoder layer forward and
-the `unsloth-packed-attention` patch (the varlen kernel reads its sequence table from the GPU; Unsloth's per
-sequence path reads it on the host, which a graph would freeze). Any other call of a layer (evaluation, no grad,
-padded batches, a key-value cache) runs eagerly, as does everything after a capture that fails (said once, with
-the error). `install` says what it did; at the end of training rank 0 says how many micro batches replayed.
+Not yet run inside a training run on a GPU: `bench.graphed_layers` measured four layers (2.2x), and the layout
+bench with the setting on in its B trials (`LAYOUT_B_ENV`) is the check that has not run yet (docs/performance.md).
+Only where the arithmetic is known to replay: on CUDA, under real Unsloth with its own decoder layer forward and the
+`unsloth-packed-attention` patch (the varlen kernel reads its sequence table from the GPU; Unsloth's per
+sequence paths read it on the host, which a graph would freeze: a capture in which a layer took one fails). The
+graphs hand back each gradient in a buffer the next replay overwrites, which autograd would adopt as a parameter's
+gradient (pytorch/pytorch#181723): the layers' parameters get zeroed gradients of nbddp's before a replay. Any
+other call of a layer (evaluation, no grad, padded batches, a key-value cache) runs eagerly, as does everything
+after a capture that fails (said once, with the error). `install` says what it did; at the end of training rank 0
+says how many micro batches replayed.
 """
 import collections
 import contextlib
 import functools
+import gc
 import math
 import os
 import time
@@ -41,6 +47,7 @@ KEYWORDS = {"causal_mask", "attention_mask", "position_ids", "past_key_value", "
             "padding_mask", "position_embeddings", "packed_seq_lengths"}
 NOT_SET = ("causal_mask", "attention_mask", "past_key_value", "output_attentions", "use_cache", "padding_mask")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+MAX_BUCKETS = 12  # each holds its layers' input, output and gradient buffers besides the shared pool
 
 
 def wanted() -> bool:
@@ -57,11 +64,11 @@ def install(trainer, mode: str) -> None:
     or why not."""
     if not wanted():
         return
-    reason = _why_not(trainer, mode)
+    layers = decoder_layers(trainer.model)
+    reason = _why_not(trainer, mode, layers)
     if reason:
         _say(f"CUDA graphs (the run setting `cuda_graphs`) stay off: {reason}")
         return
-    layers = decoder_layers(trainer.model)
     graphs = GraphedLayers(layers, trainer.args.device)
     trainer.add_callback(GraphsReport(graphs))
     _say(f"CUDA graphs (the run setting `cuda_graphs`): the {len(layers)} decoder layers' forward and backward replay "
@@ -69,7 +76,7 @@ def install(trainer, mode: str) -> None:
          "that carries no loss; a bucket's graphs are captured when a micro batch first needs them")
 
 
-def _why_not(trainer, mode):
+def _why_not(trainer, mode, layers):
     from nbddp.runtime.memory.gradient_checkpointing import real_unsloth_imported
 
     if mode != "off":
@@ -81,18 +88,18 @@ def _why_not(trainer, mode):
     if "unsloth-packed-attention" not in patches.active():
         return ("Unsloth's attention here reads each micro batch's sequence lengths on the host, which a graph "
                 "would freeze (the patch `unsloth-packed-attention` did not apply)")
-    layers = decoder_layers(trainer.model)
     if not layers:
-        return "found no decoder layers whose forward is Unsloth's"
+        return "found no decoder layers whose forward is Unsloth's Llama one"
     return None
 
 
 def decoder_layers(model) -> list:
-    """The model's decoder layers, when they are a ModuleList of modules whose forward is Unsloth's; else []."""
+    """The model's decoder layers, when they are a ModuleList of modules whose forward is Unsloth's Llama-family one
+    (every layer called with the same keywords: Gemma 2's alternate); else []."""
     for name, module in model.named_modules():
         if name.endswith("layers") and isinstance(module, torch.nn.ModuleList) and len(module):
             forwards = {getattr(type(layer).forward, "__module__", "") for layer in module}
-            return list(module) if all(f.startswith("unsloth.") for f in forwards) else []
+            return list(module) if forwards == {"unsloth.models.llama"} else []
     return []
 
 
@@ -109,49 +116,71 @@ class Table:
 
     def __init__(self, size: int, sequences: int, device):
         self.size, self.sequences = size, sequences
-        self.seq_lengths = torch.ones(sequences + 1, dtype=torch.int32, device=device)
-        self.seq_lengths[-1] = size - sequences
+        self.seq_lengths = torch.zeros(sequences + 1, dtype=torch.int32, device=device)
         self.cu_seqlens = torch.zeros(sequences + 2, dtype=torch.int32, device=device)
-        torch.cumsum(self.seq_lengths, 0, dtype=torch.int32, out=self.cu_seqlens[1:])
         self.pad_positions = torch.arange(size, dtype=torch.long, device=device).unsqueeze(0)
         self.position_ids = torch.zeros(1, size, dtype=torch.long, device=device)
-        self.load(torch.ones(sequences, dtype=torch.int32, device=device),
-                  torch.zeros(1, sequences, dtype=torch.long, device=device), sequences)
 
     def load(self, seq_lengths, position_ids, tokens: int) -> None:
         """Make the table the micro batch's: `seq_lengths` of its sequences, `position_ids` (1, tokens), then the
-        padding sequence's."""
+        padding sequence's, which covers every token past the sequences (a row padded past them included)."""
         self.seq_lengths[: self.sequences].copy_(seq_lengths)
-        self.seq_lengths[self.sequences:].fill_(self.size - tokens)
+        self.seq_lengths[self.sequences:] = self.size - seq_lengths.sum()
         torch.cumsum(self.seq_lengths, 0, dtype=torch.int32, out=self.cu_seqlens[1:])
         self.position_ids[:, :tokens].copy_(position_ids)
         self.position_ids[:, tokens:].copy_(self.pad_positions[:, : self.size - tokens])
 
 
 def pin_in_unsloth(table: Table, device) -> None:
-    """Make Unsloth's packed-sequence cache hand the layers this table while its graphs are captured: its entry for
-    `table.seq_lengths`, with our cu_seqlens and the bucket as max_seqlen (an upper bound the varlen kernel takes,
-    so the graphs serve every micro batch of the bucket). The capture reads the table only through that entry."""
+    """Make Unsloth's packed-sequence cache hand the layers this (loaded) table while its graphs are captured: its
+    entry for `table.seq_lengths`, with the bucket as max_seqlen (an upper bound the varlen kernel takes, so the
+    graphs serve every micro batch of the bucket). The table adopts the entry's cu_seqlens, so that Unsloth's host
+    copy of the lengths, which chooses its attention path, is the entry's."""
     from unsloth.utils import packing
 
     packing.get_packed_info_from_kwargs({"packed_seq_lengths": table.seq_lengths}, device)
     entries = [e for e in packing._PACKED_INFO_CACHE.values() if e["seq_lengths"] is table.seq_lengths]
     if len(entries) != 1:
         raise RuntimeError(f"{len(entries)} entries of Unsloth's packed-sequence cache hold the bucket's table")
-    lengths, _, _ = entries[0]["result"]
+    lengths, cu_seqlens, _ = entries[0]["result"]
     if lengths.data_ptr() != table.seq_lengths.data_ptr():
         raise RuntimeError("Unsloth's packed-sequence cache copied the bucket's lengths: a replay would not see them")
-    entries[0]["result"] = (lengths, table.cu_seqlens, table.size)
+    table.cu_seqlens = cu_seqlens
+    entries[0]["result"] = (lengths, cu_seqlens, table.size)
+
+
+@contextlib.contextmanager
+def unsloth_varlen_only(layer_calls: list):
+    """Around a capture: count Unsloth's varlen attention calls (`attention_dispatch._varlen_attn_call`, swapped
+    for a counting one meanwhile); fewer than the layer calls `layer_calls[0]` means a layer took a path that reads
+    the sequence table on the host, which the graphs would freeze: an error."""
+    from unsloth.utils import attention_dispatch
+
+    original, calls = attention_dispatch._varlen_attn_call, [0]
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    attention_dispatch._varlen_attn_call = counted
+    try:
+        yield
+    finally:
+        attention_dispatch._varlen_attn_call = original
+    if calls[0] != layer_calls[0]:
+        raise RuntimeError(f"{layer_calls[0] - calls[0]} of {layer_calls[0]} layer calls took an attention path other "
+                           "than Unsloth's varlen kernel, which reads the sequence table on the host")
 
 
 class _Layer(torch.nn.Module):
     """A decoder layer as `hidden -> hidden` with a bucket's other arguments fixed: what a graph captures."""
 
-    def __init__(self, forward, layer, keywords):
+    def __init__(self, forward, layer, keywords, calls):
         super().__init__()
-        self.layer, self._forward, self._keywords = layer, forward, keywords
+        self.layer, self._forward, self._keywords, self._calls = layer, forward, keywords, calls
 
     def forward(self, hidden):
+        self._calls[0] += 1
         return self._forward(hidden, **self._keywords)[0]
 
 
@@ -160,11 +189,13 @@ Bucket = collections.namedtuple("Bucket", "table graphed")
 
 class GraphedLayers:
     """Replays `layers` (one model's decoder layers, called in order by its forward) from graphs, bucket by bucket;
-    `make_graphed` and `pin` are torch's and Unsloth's (tests give stand-ins)."""
+    `make_graphed`, `pin` and `route_check` are torch's and Unsloth's (tests give stand-ins)."""
 
-    def __init__(self, layers, device, make_graphed=None, pin=pin_in_unsloth):
-        self.layers, self.device, self.pin = list(layers), device, pin
+    def __init__(self, layers, device, make_graphed=None, pin=pin_in_unsloth, route_check=unsloth_varlen_only):
+        self.layers, self.device, self.pin, self.route_check = list(layers), device, pin, route_check
         self.make_graphed = make_graphed or torch.cuda.make_graphed_callables
+        self.parameters = [p for layer in self.layers for p in layer.parameters() if p.requires_grad]
+        self.grads = None  # nbddp's gradient tensors for them, made at the first replay
         self.pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
         self.buckets = {}  # (size, sequences, input requires grad) -> Bucket
         self.current = None  # (Bucket, tokens) of the micro batch between the first layer and the last
@@ -203,10 +234,24 @@ class GraphedLayers:
             self.eager["the capture failed"] += 1
             return None
         bucket.table.load(lengths, kwargs["position_ids"], tokens)
+        self._own_gradients()
         self.replayed += 1
         return bucket, tokens
 
+    def _own_gradients(self):
+        """Give each trainable parameter of the layers without a gradient a zeroed one of nbddp's (see the module)."""
+        if self.grads is None:
+            self.grads = [torch.zeros_like(p) for p in self.parameters]
+        fresh = []
+        for parameter, grad in zip(self.parameters, self.grads):
+            if parameter.grad is None:
+                parameter.grad = grad
+                fresh.append(grad)
+        if fresh:
+            torch._foreach_zero_(fresh)
+
     def _why_eager(self, hidden, args, kwargs):
+        """Why this micro batch runs eagerly (the summary's words), or None."""
         if self.failed:
             return "the capture failed"
         if not (torch.is_grad_enabled() and self.layers[0].training) or torch.is_inference_mode_enabled():
@@ -224,25 +269,35 @@ class GraphedLayers:
             return "not a padding-free micro batch"
         if hidden.device != lengths.device or hidden.device.type != self.device.type:
             return "its sequence table is not on its device"
+        if (bucket_size(hidden.shape[1]), lengths.numel(), hidden.requires_grad) not in self.buckets \
+                and len(self.buckets) >= MAX_BUCKETS:
+            return f"more than {MAX_BUCKETS} buckets"
         return None
 
     def _capture(self, key, hidden, kwargs):
+        """Capture every layer for bucket `key` = (size, sequences, input requires grad), its table loaded with the
+        micro batch's (what Unsloth chooses its attention path by); the new Bucket, or None after a failure, which
+        turns the graphs off for the rest of the run."""
         size, sequences, input_grad = key
         started, reserved = time.monotonic(), self._reserved()
         try:
             table = Table(size, sequences, hidden.device)
+            table.load(kwargs["packed_seq_lengths"], kwargs["position_ids"], hidden.shape[1])
+            self.pin(table, hidden.device)
             keywords = dict(kwargs, position_ids=table.position_ids, packed_seq_lengths=table.seq_lengths)
-            modules = tuple(_Layer(forward, layer, keywords) for forward, layer in zip(self.originals, self.layers))
+            calls = [0]
+            modules = tuple(_Layer(forward, layer, keywords, calls)
+                            for forward, layer in zip(self.originals, self.layers))
             samples = tuple((torch.zeros(1, size, hidden.shape[2], dtype=hidden.dtype, device=hidden.device)
                              .requires_grad_(input_grad or index > 0),) for index in range(len(modules)))
-            self.pin(table, hidden.device)
-            with _autocast_cache_off():
+            with _autocast_cache_off(), self.route_check(calls):
                 graphed = self.make_graphed(modules, samples, num_warmup_iters=3, pool=self.pool)
         except Exception as error:  # any failure: eager from now on, said once, the run goes on
             self.failed = f"{type(error).__name__}: {error}"
             _say(f"warning: CUDA graphs off from here: capturing the bucket of {size} tokens and {sequences} "
                  f"sequences failed ({self.failed[:500]}); the layers run eagerly")
             self.buckets.clear()
+            gc.collect()  # a graphed module's forward closes over the module: a cycle
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             return None
@@ -255,6 +310,8 @@ class GraphedLayers:
         return torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
 
     def summary(self) -> str:
+        """One line: micro batches replayed of all, the buckets, their capture time and memory, why others ran
+        eagerly."""
         sizes = sorted({size for size, _, _ in self.buckets})
         total = self.replayed + sum(self.eager.values())
         eager = "; eager: " + ", ".join(f"{count} ({reason})" for reason, count in self.eager.items()) \

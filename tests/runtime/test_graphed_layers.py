@@ -1,6 +1,11 @@
 """runtime.graphed_layers on CPU: the buckets, the sequence table a replay copies in, and the layers' calls routed
 through a bucket (padded, cut back) giving the eager outputs and gradients. torch's graph capture is CUDA's: here
-`make_graphed` hands the bucket's layers back uncaptured, so the bucket's own table and padding are what run."""
+`make_graphed` hands the bucket's layers back uncaptured, or wrapped like torch's graphed callables (fixed output
+and gradient buffers that each call overwrites), so the bucket's own table, padding and buffers are what run."""
+import contextlib
+import sys
+import types
+
 import pytest
 import torch
 
@@ -56,6 +61,53 @@ def uncaptured(modules, samples, num_warmup_iters, pool):
     return modules
 
 
+def buffered(modules, samples, num_warmup_iters, pool):
+    """Like torch's graphed callables: each call's output and every gradient come back in the same buffers."""
+    return tuple(Buffered(module) for module in modules)
+
+
+class Buffered(torch.nn.Module):
+    def __init__(self, module):
+        super().__init__()
+        self.module, self.buffers_ = module, {}
+
+    def forward(self, hidden):
+        parameters = [p for p in self.module.parameters() if p.requires_grad]
+        return _BufferedCall.apply(self, hidden, *parameters)
+
+
+class _BufferedCall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, owner, hidden, *parameters):
+        with torch.enable_grad():
+            inputs = hidden.detach().requires_grad_(hidden.requires_grad)
+            out = owner.module(inputs)
+        ctx.owner, ctx.inputs, ctx.out, ctx.parameters = owner, inputs, out, parameters
+        static = owner.buffers_.setdefault("out", torch.empty_like(out))
+        static.copy_(out.detach())
+        return static.detach()
+
+    @staticmethod
+    def backward(ctx, grad):
+        wrt = ([ctx.inputs] if ctx.inputs.requires_grad else []) + list(ctx.parameters)
+        grads = list(torch.autograd.grad(ctx.out, wrt, grad))
+        statics = ctx.owner.buffers_.setdefault("grads", [torch.empty_like(g) for g in grads])
+        for static, value in zip(statics, grads):
+            static.copy_(value)
+        returned = [static.detach() for static in statics]
+        input_grad = returned.pop(0) if ctx.inputs.requires_grad else None
+        return (None, input_grad, *returned)
+
+
+def no_check(calls):
+    return contextlib.nullcontext()
+
+
+def graphs_of(layers, make_graphed=uncaptured):
+    return gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=make_graphed, pin=lambda table, device: None,
+                            route_check=no_check)
+
+
 def step(layers, lengths, hidden, grad):
     layers.zero_grad(set_to_none=True)
     out = run(layers, lengths, hidden)
@@ -80,16 +132,18 @@ def test_a_table_load_writes_the_micro_batch_then_the_padding_sequence_in_place(
     assert [t.data_ptr() for t in (table.seq_lengths, table.cu_seqlens, table.position_ids)] == storage
     table.load(torch.tensor([1, 1], dtype=torch.int32), torch.tensor([[0, 0]]), tokens=2)
     assert table.seq_lengths.tolist() == [1, 1, 6] and table.position_ids.tolist() == [[0, 0, 0, 1, 2, 3, 4, 5]]
+    # a row padded past its sequences: the padding sequence covers its tail too, so every row is in a sequence
+    table.load(torch.tensor([2, 2], dtype=torch.int32), torch.tensor([[0, 1, 0, 1, 0]]), tokens=5)
+    assert table.seq_lengths.tolist() == [2, 2, 4] and table.cu_seqlens.tolist() == [0, 2, 4, 8]
 
 
 def test_replayed_micro_batches_give_the_eager_outputs_and_gradients():
     layers = model_of(3)
     generator = torch.Generator().manual_seed(0)
-    batches = [((5, 60, 100), torch.randn(1, 165, 4, generator=generator), torch.randn(1, 165, 4, generator=generator)),
-               ((7, 9), torch.randn(1, 16, 4, generator=generator), torch.randn(1, 16, 4, generator=generator)),
-               ((40, 30, 100), torch.randn(1, 170, 4, generator=generator), torch.randn(1, 170, 4, generator=generator))]
+    batches = [(lengths, torch.randn(1, sum(lengths), 4, generator=generator),
+                torch.randn(1, sum(lengths), 4, generator=generator)) for lengths in ((5, 60, 100), (7, 9), (40, 30, 100))]
     eager = [step(layers, *batch) for batch in batches]
-    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    graphs = graphs_of(layers)
     replayed = [step(layers, *batch) for batch in batches]
     for (out, grads), (out_eager, grads_eager) in zip(replayed, eager):
         torch.testing.assert_close(out, out_eager)
@@ -102,7 +156,7 @@ def test_replayed_micro_batches_give_the_eager_outputs_and_gradients():
 
 def test_layers_run_eagerly_outside_training_and_for_padded_batches():
     layers = model_of(2)
-    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    graphs = graphs_of(layers)
     hidden = torch.randn(1, 6, 4)
     with torch.no_grad():
         run(layers, (3, 3), hidden)
@@ -128,7 +182,7 @@ def test_a_scalar_keyword_passes_through_to_the_captured_layers():
 
     for layer in layers:
         layer.forward = forward.__get__(layer)
-    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    graphs = graphs_of(layers)
     hidden = torch.randn(1, 6, 4, requires_grad=True)
     layers[0](hidden, position_ids=torch.zeros(1, 6, dtype=torch.long), packed_seq_lengths=torch.tensor([6]),
               num_items_in_batch=torch.tensor(6))
@@ -142,7 +196,7 @@ def test_a_failed_capture_leaves_the_run_eager_and_says_so(caplog):
     def failing(modules, samples, num_warmup_iters, pool):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    graphs = gl.GraphedLayers(layers, torch.device("cpu"), make_graphed=failing, pin=lambda table, device: None)
+    graphs = graphs_of(layers, failing)
     hidden, grad = torch.randn(1, 6, 4), torch.randn(1, 6, 4)
     graphs_off = step(layers, (2, 4), hidden, grad)
     step(layers, (2, 4), hidden, grad)
@@ -178,6 +232,10 @@ def test_only_layers_whose_forward_is_unsloths_are_graphed():
     assert gl.decoder_layers(model) == []  # this test's layers: their forward is not Unsloth's
     unsloth_like = type("LlamaDecoderLayer", (SequenceLayer,), {})
     forward = lambda self, *args, **kwargs: SequenceLayer.forward(self, *args, **kwargs)  # noqa: E731
+    forward.__module__ = "unsloth.models.gemma2"
+    unsloth_like.forward = forward
+    model.layers = torch.nn.ModuleList([unsloth_like(0), unsloth_like(1)])
+    assert gl.decoder_layers(model) == []  # Gemma 2's layers take other keywords each
     forward.__module__ = "unsloth.models.llama"
     unsloth_like.forward = forward
     model.layers = torch.nn.ModuleList([unsloth_like(0), unsloth_like(1)])
@@ -185,11 +243,93 @@ def test_only_layers_whose_forward_is_unsloths_are_graphed():
 
 
 def test_the_summary_names_buckets_memory_and_eager_reasons():
-    graphs = gl.GraphedLayers(model_of(1), torch.device("cpu"), make_graphed=uncaptured,
-                              pin=lambda table, device: None)
+    graphs = graphs_of(model_of(1))
     graphs.replayed, graphs.eager["not training"] = 5, 1
     graphs.buckets = {(1024, 8, False): None, (2560, 8, False): None}
     graphs.capture_s, graphs.captured_gib = 3.25, 12.04
     assert graphs.summary() == ("CUDA graphs: 5 of 6 micro batches replayed; 2 buckets captured (1,024-2,560 "
                                 "tokens) in 3.2 s, 12.0 GiB more GPU memory reserved by the captures; eager: 1 (not "
                                 "training)")
+
+
+def accumulate(layers, batches):
+    """One optimizer step's gradients over micro batches (hidden, grad), as Trainer accumulates them."""
+    layers.zero_grad(set_to_none=True)
+    for lengths, hidden, grad in batches:
+        run(layers, lengths, hidden).backward(grad)
+    return [p.grad.clone() for p in layers.parameters()]
+
+
+def test_accumulated_micro_batches_of_one_bucket_sum_their_gradients():
+    # torch's graphs hand back gradients in buffers the next replay overwrites; adopted as .grad, the second micro
+    # batch's would count twice (pytorch/pytorch#181723)
+    layers = model_of(3)
+    generator = torch.Generator().manual_seed(1)
+    batches = [((50, 60), torch.randn(1, 110, 4, generator=generator), torch.randn(1, 110, 4, generator=generator)),
+               ((30, 70), torch.randn(1, 100, 4, generator=generator), torch.randn(1, 100, 4, generator=generator))]
+    eager = accumulate(layers, batches)
+    graphs = graphs_of(layers, buffered)
+    for _ in range(2):  # two optimizer steps: the gradients zeroed to None between them
+        for grad, grad_eager in zip(accumulate(layers, batches), eager):
+            torch.testing.assert_close(grad, grad_eager)
+    assert graphs.replayed == 4 and list(graphs.buckets) == [(256, 2, False)]
+
+
+def fake_unsloth(monkeypatch, **dispatch_names):
+    utils = types.ModuleType("unsloth.utils")
+    for name, value in dispatch_names.items():
+        module = types.ModuleType(f"unsloth.utils.{name}")
+        module.__dict__.update(value)
+        setattr(utils, name, module)
+        monkeypatch.setitem(sys.modules, f"unsloth.utils.{name}", module)
+    monkeypatch.setitem(sys.modules, "unsloth", types.ModuleType("unsloth"))
+    monkeypatch.setitem(sys.modules, "unsloth.utils", utils)
+    return utils
+
+
+def test_a_capture_where_a_layer_skips_the_varlen_kernel_fails(monkeypatch, caplog):
+    utils = fake_unsloth(monkeypatch, attention_dispatch={"_varlen_attn_call": lambda hidden: hidden})
+    layers = model_of(2)
+
+    class VarlenLayer(SequenceLayer):
+        def forward(self, hidden_states, **kwargs):
+            return super().forward(utils.attention_dispatch._varlen_attn_call(hidden_states), **kwargs)
+
+    varlen = torch.nn.ModuleList([VarlenLayer(0), VarlenLayer(1)]).train()
+    gl.GraphedLayers(varlen, torch.device("cpu"), make_graphed=uncaptured, pin=lambda table, device: None)
+    hidden, grad = torch.randn(1, 6, 4), torch.randn(1, 6, 4)
+    step(varlen, (2, 4), hidden, grad)
+    assert "capturing" not in caplog.text
+    mixed = torch.nn.ModuleList([VarlenLayer(0), layers[1]]).train()
+    graphs = gl.GraphedLayers(mixed, torch.device("cpu"), make_graphed=warmed_up, pin=lambda table, device: None)
+    step(mixed, (2, 4), hidden, grad)
+    assert graphs.failed == ("RuntimeError: 4 of 8 layer calls took an attention path other than Unsloth's varlen "
+                             "kernel, which reads the sequence table on the host")
+    assert utils.attention_dispatch._varlen_attn_call(3) == 3  # put back
+
+
+def warmed_up(modules, samples, num_warmup_iters, pool):
+    """Calls each module as torch's capture does (its warm-up calls and the capture's), then hands them back."""
+    for module, args in zip(modules, samples):
+        for _ in range(num_warmup_iters + 1):
+            module(*args)
+    return modules
+
+
+def test_pinning_makes_unsloths_cache_entry_the_buckets_table(monkeypatch):
+    cache = {}
+
+    def get_packed_info_from_kwargs(kwargs, device):
+        lengths = kwargs["packed_seq_lengths"]
+        cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0, dtype=torch.int32)])
+        cache[device] = {"seq_lengths": lengths, "result": (lengths, cu_seqlens, int(lengths.max()))}
+
+    fake_unsloth(monkeypatch, packing={"get_packed_info_from_kwargs": get_packed_info_from_kwargs,
+                                       "_PACKED_INFO_CACHE": cache})
+    table = gl.Table(size=8, sequences=2, device=torch.device("cpu"))
+    table.load(torch.tensor([3, 2], dtype=torch.int32), torch.tensor([[0, 1, 2, 0, 1]]), tokens=5)
+    gl.pin_in_unsloth(table, "cpu")
+    lengths, cu_seqlens, max_seqlen = cache["cpu"]["result"]
+    assert lengths is table.seq_lengths and cu_seqlens is table.cu_seqlens and max_seqlen == 8
+    table.load(torch.tensor([1, 1], dtype=torch.int32), torch.tensor([[0, 0]]), tokens=2)
+    assert cu_seqlens.tolist() == [0, 1, 2, 8]  # a later micro batch's offsets, where the graphs read them
