@@ -48,6 +48,10 @@ KEYWORDS = {"causal_mask", "attention_mask", "position_ids", "past_key_value", "
 NOT_SET = ("causal_mask", "attention_mask", "past_key_value", "output_attentions", "use_cache", "padding_mask")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 MAX_BUCKETS = 12  # each holds its layers' input, output and gradient buffers besides the shared pool
+# GPU memory a bucket may take a token, layer and hidden unit, in bytes: its fixed buffers (8 a hidden unit) and the
+# pool's growth (0.17 MiB a token and layer at 8B widths, bench/results/graphed_layers_1xh100.json: about 43 x
+# hidden), with a margin. A new bucket is captured only where that much is free.
+BUCKET_BYTES = 64
 
 
 def wanted() -> bool:
@@ -114,12 +118,12 @@ class Table:
     sequences and the padding sequence), `cu_seqlens` (their offsets) and `position_ids` (each token's position in
     its sequence). `load` copies a micro batch's in on the device, without waiting for it."""
 
-    def __init__(self, size: int, sequences: int, device):
+    def __init__(self, size: int, sequences: int, device, position_dtype=torch.long):
         self.size, self.sequences = size, sequences
         self.seq_lengths = torch.zeros(sequences + 1, dtype=torch.int32, device=device)
         self.cu_seqlens = torch.zeros(sequences + 2, dtype=torch.int32, device=device)
-        self.pad_positions = torch.arange(size, dtype=torch.long, device=device).unsqueeze(0)
-        self.position_ids = torch.zeros(1, size, dtype=torch.long, device=device)
+        self.pad_positions = torch.arange(size, dtype=position_dtype, device=device).unsqueeze(0)
+        self.position_ids = torch.zeros(1, size, dtype=position_dtype, device=device)
 
     def load(self, seq_lengths, position_ids, tokens: int) -> None:
         """Make the table the micro batch's: `seq_lengths` of its sequences, `position_ids` (1, tokens), then the
@@ -134,8 +138,11 @@ class Table:
 def pin_in_unsloth(table: Table, device) -> None:
     """Make Unsloth's packed-sequence cache hand the layers this (loaded) table while its graphs are captured: its
     entry for `table.seq_lengths`, with the bucket as max_seqlen (an upper bound the varlen kernel takes, so the
-    graphs serve every micro batch of the bucket). The table adopts the entry's cu_seqlens, so that Unsloth's host
-    copy of the lengths, which chooses its attention path, is the entry's."""
+    graphs serve every micro batch of the bucket). The table adopts the entry's cu_seqlens, so that Unsloth finds
+    its host copy of the lengths (no read from the GPU while capturing), and that host copy becomes a table of the
+    bucket's size with sequences of two lengths: what Unsloth chooses its attention path by, so that it chooses the
+    varlen kernel, which reads the real table on the GPU, whatever the micro batch captured with (equal lengths
+    would send it to its per-sequence path)."""
     from unsloth.utils import packing
 
     packing.get_packed_info_from_kwargs({"packed_seq_lengths": table.seq_lengths}, device)
@@ -147,6 +154,8 @@ def pin_in_unsloth(table: Table, device) -> None:
         raise RuntimeError("Unsloth's packed-sequence cache copied the bucket's lengths: a replay would not see them")
     table.cu_seqlens = cu_seqlens
     entries[0]["result"] = (lengths, cu_seqlens, table.size)
+    packing._PACKED_HOST_LENGTHS_CACHE[lengths.device] = (
+        lengths, cu_seqlens, (1,) * table.sequences + (table.size - table.sequences,))
 
 
 @contextlib.contextmanager
@@ -184,7 +193,7 @@ class _Layer(torch.nn.Module):
         return self._forward(hidden, **self._keywords)[0]
 
 
-Bucket = collections.namedtuple("Bucket", "table graphed")
+Bucket = collections.namedtuple("Bucket", "table graphed rotary")  # rotary: the cos table captured
 
 
 class GraphedLayers:
@@ -223,6 +232,7 @@ class GraphedLayers:
         return (hidden_states,)
 
     def _enter(self, hidden, args, kwargs):
+        """At the first layer: the micro batch's (Bucket, tokens), its table loaded, or None to run it eagerly."""
         reason = self._why_eager(hidden, args, kwargs)
         if reason:
             self.eager[reason] += 1
@@ -232,6 +242,9 @@ class GraphedLayers:
         bucket = self.buckets.get(key) or self._capture(key, hidden, kwargs)
         if bucket is None:
             self.eager["the capture failed"] += 1
+            return None
+        if kwargs["position_embeddings"][0] is not bucket.rotary:
+            self.eager["the rotary table changed since the capture"] += 1
             return None
         bucket.table.load(lengths, kwargs["position_ids"], tokens)
         self._own_gradients()
@@ -269,19 +282,36 @@ class GraphedLayers:
             return "not a padding-free micro batch"
         if hidden.device != lengths.device or hidden.device.type != self.device.type:
             return "its sequence table is not on its device"
-        if (bucket_size(hidden.shape[1]), lengths.numel(), hidden.requires_grad) not in self.buckets \
-                and len(self.buckets) >= MAX_BUCKETS:
+        size = bucket_size(hidden.shape[1])
+        rotary = kwargs.get("position_embeddings")
+        if not rotary or rotary[0].shape[0] < size:  # the attention would build its own table, which may move
+            return "no rotary table as long as the bucket"
+        if (size, lengths.numel(), hidden.requires_grad) in self.buckets:
+            return None
+        if len(self.buckets) >= MAX_BUCKETS:
             return f"more than {MAX_BUCKETS} buckets"
+        if self._free_bytes() < BUCKET_BYTES * len(self.layers) * hidden.shape[2] * size:
+            return "no GPU memory for another bucket"
         return None
+
+    def _free_bytes(self):
+        """GPU memory a capture can take: free on the device and held unused by the allocator (CPU: unbounded)."""
+        if self.device.type != "cuda":
+            return math.inf
+        free, _ = torch.cuda.mem_get_info(self.device)
+        return free + torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
 
     def _capture(self, key, hidden, kwargs):
         """Capture every layer for bucket `key` = (size, sequences, input requires grad), its table loaded with the
-        micro batch's (what Unsloth chooses its attention path by); the new Bucket, or None after a failure, which
-        turns the graphs off for the rest of the run."""
+        micro batch's; the new Bucket, or None after a failure, which turns the graphs off for the rest of the
+        run."""
         size, sequences, input_grad = key
         started, reserved = time.monotonic(), self._reserved()
         try:
-            table = Table(size, sequences, hidden.device)
+            hooked = _hooked(self.layers)
+            if hooked:
+                raise RuntimeError(f"{hooked} has hooks, which a graph would run once, at its capture")
+            table = Table(size, sequences, hidden.device, kwargs["position_ids"].dtype)
             table.load(kwargs["packed_seq_lengths"], kwargs["position_ids"], hidden.shape[1])
             self.pin(table, hidden.device)
             keywords = dict(kwargs, position_ids=table.position_ids, packed_seq_lengths=table.seq_lengths)
@@ -303,7 +333,7 @@ class GraphedLayers:
             return None
         self.capture_s += time.monotonic() - started
         self.captured_gib += (self._reserved() - reserved) / 2 ** 30
-        bucket = self.buckets[key] = Bucket(table, graphed)
+        bucket = self.buckets[key] = Bucket(table, graphed, kwargs["position_embeddings"][0])
         return bucket
 
     def _reserved(self):
@@ -330,6 +360,23 @@ class GraphsReport(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         _say(self.graphs.summary())
+
+
+def _hooked(layers):
+    """The name of a module inside `layers` with forward or backward hooks (or "every module", for global ones), or
+    None. A layer's own hooks run as ever: its call is not captured, only its forward."""
+    from torch.nn.modules import module as torch_module
+
+    if any(getattr(torch_module, name, None) for name in (
+            "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+            "_global_backward_pre_hooks")):
+        return "every module"
+    for index, layer in enumerate(layers):
+        for name, module in list(layer.named_modules())[1:]:
+            if module._forward_hooks or module._forward_pre_hooks or module._backward_hooks \
+                    or module._backward_pre_hooks:
+                return f"layer {index}'s {name}"
+    return None
 
 
 @contextlib.contextmanager

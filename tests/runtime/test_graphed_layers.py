@@ -40,6 +40,9 @@ class SequenceLayer(torch.nn.Module):
         return (hidden_states + out,)
 
 
+ROTARY = (torch.zeros(1024, 2), torch.zeros(1024, 2))  # Unsloth's cos and sin tables (unread here)
+
+
 def model_of(count):
     layers = torch.nn.ModuleList([SequenceLayer(seed) for seed in range(count)])
     layers.train()
@@ -52,7 +55,7 @@ def run(layers, lengths, hidden):
     positions = torch.tensor([[p for length in lengths for p in range(length)]])
     for layer in layers:
         hidden = layer(hidden, causal_mask=None, attention_mask=None, position_ids=positions, past_key_value=None,
-                       output_attentions=False, use_cache=False, padding_mask=None, position_embeddings=None,
+                       output_attentions=False, use_cache=False, padding_mask=None, position_embeddings=ROTARY,
                        packed_seq_lengths=seq_lengths)[0]
     return hidden
 
@@ -185,7 +188,7 @@ def test_a_scalar_keyword_passes_through_to_the_captured_layers():
     graphs = graphs_of(layers)
     hidden = torch.randn(1, 6, 4, requires_grad=True)
     layers[0](hidden, position_ids=torch.zeros(1, 6, dtype=torch.long), packed_seq_lengths=torch.tensor([6]),
-              num_items_in_batch=torch.tensor(6))
+              position_embeddings=ROTARY, num_items_in_batch=torch.tensor(6))
     assert graphs.replayed == 1 and [int(n) for n in seen] == [6]
     assert list(graphs.buckets) == [(256, 1, True)]
 
@@ -324,12 +327,42 @@ def test_pinning_makes_unsloths_cache_entry_the_buckets_table(monkeypatch):
         cu_seqlens = torch.cat([torch.zeros(1, dtype=torch.int32), lengths.cumsum(0, dtype=torch.int32)])
         cache[device] = {"seq_lengths": lengths, "result": (lengths, cu_seqlens, int(lengths.max()))}
 
+    host = {}
     fake_unsloth(monkeypatch, packing={"get_packed_info_from_kwargs": get_packed_info_from_kwargs,
-                                       "_PACKED_INFO_CACHE": cache})
+                                       "_PACKED_INFO_CACHE": cache, "_PACKED_HOST_LENGTHS_CACHE": host})
     table = gl.Table(size=8, sequences=2, device=torch.device("cpu"))
     table.load(torch.tensor([3, 2], dtype=torch.int32), torch.tensor([[0, 1, 2, 0, 1]]), tokens=5)
     gl.pin_in_unsloth(table, "cpu")
     lengths, cu_seqlens, max_seqlen = cache["cpu"]["result"]
     assert lengths is table.seq_lengths and cu_seqlens is table.cu_seqlens and max_seqlen == 8
+    # Unsloth's host lengths, which choose its attention path: the bucket's size in two distinct lengths
+    assert host[lengths.device] == (lengths, cu_seqlens, (1, 1, 6))
     table.load(torch.tensor([1, 1], dtype=torch.int32), torch.tensor([[0, 0]]), tokens=2)
     assert cu_seqlens.tolist() == [0, 1, 2, 8]  # a later micro batch's offsets, where the graphs read them
+
+
+def test_the_rotary_table_memory_and_hooks_keep_a_micro_batch_eager(monkeypatch):
+    layers = model_of(2)
+    graphs = graphs_of(layers)
+    hidden, grad = torch.randn(1, 6, 4), torch.randn(1, 6, 4)
+    short = (torch.zeros(100, 2), torch.zeros(100, 2))  # shorter than the 256-token bucket
+    layers[0](hidden, position_ids=torch.zeros(1, 6, dtype=torch.long), packed_seq_lengths=torch.tensor([6]),
+              position_embeddings=short)
+    monkeypatch.setattr(graphs, "_free_bytes", lambda: 64 * 2 * 4 * 256 - 1)  # one byte short of a bucket
+    step(layers, (2, 4), hidden, grad)
+    monkeypatch.undo()
+    step(layers, (2, 4), hidden, grad)  # captured now
+    layers[0](hidden, position_ids=torch.zeros(1, 6, dtype=torch.long), packed_seq_lengths=torch.tensor([2, 4]),
+              position_embeddings=(ROTARY[0].clone(), ROTARY[1]))  # a table Unsloth rebuilt since
+    assert graphs.replayed == 1 and graphs.eager == {
+        "no rotary table as long as the bucket": 1, "no GPU memory for another bucket": 1,
+        "the rotary table changed since the capture": 1}
+    hooked = model_of(2)
+    hooked[1].register_forward_hook(lambda module, args, out: out)  # runs at each call of the layer: fine
+    graphs_of(hooked)
+    step(hooked, (2, 4), hidden, grad)
+    hooked[1].norm = torch.nn.Identity()
+    hooked[1].norm.register_forward_hook(lambda module, args, out: out)
+    with_hooks = graphs_of(hooked)
+    step(hooked, (2, 4), hidden, grad)
+    assert with_hooks.failed == "RuntimeError: layer 1's norm has hooks, which a graph would run once, at its capture"
