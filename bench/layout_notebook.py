@@ -808,7 +808,7 @@ def summarize_part(part_facts, trials):
     for record, figures in trials:
         rows.append({**{k: record[k] for k in ("round", "variant", "flags", "command", "returncode", "timed_out",
                                                 "wall_s")},
-                     "status": trial_status(record, figures), **figures, **record["log"],
+                     "env": record.get("env", {}), "status": trial_status(record, figures), **figures, **record["log"],
                      "profile": record.get("profile"), "step_times": record.get("step_times")})
     pairs = []
     by_key = {(r["round"], r["variant"]): r for r in rows}
@@ -856,6 +856,8 @@ def summarize_part(part_facts, trials):
                                                       for line in r["checkpointing_lines"])) for v in VARIANTS},
         "batch_layout_lines": {v: list(dict.fromkeys(line for r in rows if r["variant"] == v
                                                      for line in r.get("batch_layout_lines", []))) for v in VARIANTS},
+        "graphs_lines": {v: list(dict.fromkeys(line for r in rows if r["variant"] == v
+                                               for line in r.get("graphs_lines", []))) for v in VARIANTS},
     }
 
 
