@@ -65,15 +65,19 @@ def wanted() -> bool:
 def install(trainer, mode: str) -> None:
     """Under `cuda_graphs`, replay `trainer.model`'s decoder layers from CUDA graphs when the chosen gradient
     checkpointing `mode` is "off" and the model is Unsloth's on CUDA (see the module); say on rank 0 what was done,
-    or why not."""
+    or why not. A model trained again (another trainer) keeps its graphs."""
     if not wanted():
+        return
+    graphs = getattr(trainer.model, "nbddp_graphed_layers", None)
+    if graphs is not None:
+        trainer.add_callback(GraphsReport(graphs))
         return
     layers = decoder_layers(trainer.model)
     reason = _why_not(trainer, mode, layers)
     if reason:
         _say(f"CUDA graphs (the run setting `cuda_graphs`) stay off: {reason}")
         return
-    graphs = GraphedLayers(layers, trainer.args.device)
+    graphs = trainer.model.nbddp_graphed_layers = GraphedLayers(layers, trainer.args.device)
     trainer.add_callback(GraphsReport(graphs))
     _say(f"CUDA graphs (the run setting `cuda_graphs`): the {len(layers)} decoder layers' forward and backward replay "
          f"from graphs, each micro batch padded to the next multiple of {BUCKET_TOKENS} tokens by one more sequence "

@@ -366,3 +366,27 @@ def test_the_rotary_table_memory_and_hooks_keep_a_micro_batch_eager(monkeypatch)
     with_hooks = graphs_of(hooked)
     step(hooked, (2, 4), hidden, grad)
     assert with_hooks.failed == "RuntimeError: layer 1's norm has hooks, which a graph would run once, at its capture"
+
+
+def test_a_model_trained_again_keeps_its_graphs(monkeypatch, caplog):
+    class Args:
+        device = torch.device("cpu")
+
+    class Trainer:
+        def __init__(self, model):
+            self.args, self.model, self.callbacks = Args(), model, []
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+
+    model = torch.nn.Module()
+    model.layers = model_of(2)
+    monkeypatch.setenv(ENV.CUDA_GRAPHS, "1")
+    monkeypatch.setattr(gl, "_why_not", lambda trainer, mode, layers: None)
+    monkeypatch.setattr(gl, "decoder_layers", lambda model: list(model.layers))
+    first, second = Trainer(model), Trainer(model)
+    gl.install(first, "off")
+    gl.install(second, "off")
+    assert first.callbacks[0].graphs is second.callbacks[0].graphs is model.nbddp_graphed_layers
+    assert caplog.text.count("decoder layers' forward and backward replay from graphs") == 1
+    assert model.nbddp_graphed_layers.originals[0].__func__ is SequenceLayer.forward  # not a router around one
