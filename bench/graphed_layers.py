@@ -15,8 +15,10 @@ and max_seqlen is captured as the bucket). `same_shapes_max_rel_diff`: graphed a
 batch run eagerly, the graphs' own arithmetic (0 is a clean pass). `pool_gib`: memory the graphs keep reserved
 between replays (what one bucket's saved activations cost). `eager_repeat_max_rel_diff`: the eager step against
 itself, the yardstick for the differences. `buckets`: the layout a runtime would hold, graphs of each layer for two
-buckets in one shared pool, replayed A, B, A (see `buckets`). A stage that raises is recorded with its error (and
-the error it happened during) instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth
+buckets in one shared pool, replayed A, B, A (see `buckets`). `runtime`: nbddp's own lever
+(`nbddp.runtime.graphed_layers`, the run setting `cuda_graphs`) under the model's forward with labels, losses and
+gradients of accumulated micro batches against eager ones (see `runtime_check`). A stage that raises is recorded
+with its error (and the error it happened during) instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth
 (the GPU image's) and nbddp's packed attention applying there; docs/performance.md weighs the lever this measures.
 """
 import argparse
@@ -36,6 +38,9 @@ BUCKET = 1536
 HIDDEN = 4096
 # Two buckets of per-layer graphs in one pool: bucket -> the micro batch replayed there
 BUCKETS = {1536: LENGTHS, 2048: (955, 164, 372, 120, 74, 97, 50, 40)}  # 1,510 and 1,872 tokens
+# nbddp's runtime lever on the model's own forward: optimizer steps of micro batches, the first step's two of one
+# bucket (1,510 and 1,496 tokens: accumulated gradients must add up), the second's of another
+RUNTIME_STEPS = ((LENGTHS, (60, 301, 97, 372, 120, 164, 201, 181)), (BUCKETS[2048],))
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -283,6 +288,63 @@ def buckets(torch, packing, model, parameters, eager_for, rounds):
     return result
 
 
+def runtime_check(torch, model, parameters, rounds):
+    """nbddp's runtime lever itself (`GraphedLayers` on the model's decoder layers) under the model's own forward
+    with labels, each of RUNTIME_STEPS an optimizer step of micro batches accumulated. Returns `max_rel_diff` of its
+    losses and LoRA gradients against the eager steps and `eager_repeat_max_rel_diff` (eager against itself, the
+    yardstick), `drained_ms` of all the steps eagerly and then graphed (median over `rounds`; not interleaved: the
+    layers stay graphed once they are), the losses, and the lever's own summary line."""
+    from nbddp.runtime import graphed_layers
+
+    generator = torch.Generator(device="cuda").manual_seed(2)
+
+    def micro_batch(lengths):
+        ids = torch.randint(model.config.vocab_size, (1, sum(lengths)), device="cuda", generator=generator)
+        return {"input_ids": ids, "position_ids": torch.tensor([positions_of(lengths)], device="cuda"),
+                "labels": ids}
+
+    steps = [[micro_batch(lengths) for lengths in micro_batches] for micro_batches in RUNTIME_STEPS]
+
+    def run(batches):
+        for parameter in parameters:
+            parameter.grad = None
+        losses = []
+        for batch in batches:
+            loss = model(**batch).loss
+            loss.backward()
+            losses.append(float(loss))
+        return losses, [parameter.grad.detach().clone() for parameter in parameters]
+
+    def timed_steps():
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for batches in steps:
+            run(batches)
+        torch.cuda.synchronize()
+        return (time.perf_counter() - started) * 1e3
+
+    eager = [run(batches) for batches in steps]
+    again = [run(batches) for batches in steps]
+    eager_ms = statistics.median(timed_steps() for _ in range(rounds))
+    graphs = graphed_layers.GraphedLayers(model.base_model.model.model.layers, torch.device("cuda"))
+    graphed = [run(batches) for batches in steps]
+    graphed_ms = statistics.median(timed_steps() for _ in range(rounds))
+    return {"max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, eager)),
+            "eager_repeat_max_rel_diff": max(step_difference(a, b) for a, b in zip(again, eager)),
+            "drained_ms": {"eager": eager_ms, "graphed": graphed_ms},
+            "losses": {"eager": [losses for losses, _ in eager], "graphed": [losses for losses, _ in graphed]},
+            "summary": graphs.summary()}
+
+
+def step_difference(a, b):
+    """Largest difference of step a from step b: each loss relative to b's, each gradient relative to b's largest
+    value."""
+    (losses_a, grads_a), (losses_b, grads_b) = a, b
+    return max([abs(x - y) / abs(y) for x, y in zip(losses_a, losses_b)]
+               + [float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
+                  for x, y in zip(grads_a, grads_b)])
+
+
 def stage(record, name, work):
     """Run `work()`, keeping its result; on an exception record it under `errors` and return None."""
     try:
@@ -414,8 +476,8 @@ def main():
 
         record["other_lengths_max_rel_diff"] = stage(record, "other_lengths", other)
     if eager:  # the yardstick for every difference above: the eager step against itself
-        record["eager_repeat_max_rel_diff"] = stage(
-            record, "eager_repeat", lambda: largest_difference(step(*variants["eager"], parameters), eager_result, real))
+        record["eager_repeat_max_rel_diff"] = stage(record, "eager_repeat", lambda: largest_difference(
+            step(*variants["eager"], parameters), eager_result, real))
     write()
     graphed = variants = None  # the stack's graphs and their pool go before the buckets' are measured
     torch.cuda.synchronize()
@@ -423,8 +485,13 @@ def main():
     record["buckets"] = stage(record, "buckets", lambda: buckets(torch, packing, model, parameters, eager_for,
                                                                   args.rounds))
     write()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    record["runtime"] = stage(record, "runtime", lambda: runtime_check(torch, model, parameters, args.rounds))
+    write()
     print(json.dumps({key: record.get(key) for key in ("median", "launches", "max_rel_diff", "same_shapes_max_rel_diff",
-                                                         "other_lengths_max_rel_diff", "pool_gib", "errors")}))
+                                                         "other_lengths_max_rel_diff", "pool_gib", "buckets",
+                                                         "runtime", "errors")}))
     return 0
 
 

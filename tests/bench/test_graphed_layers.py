@@ -88,3 +88,17 @@ def test_a_stage_that_fails_while_handling_an_error_names_both():
     graphed_layers.stage(record, "capture", capture)
     assert record["errors"]["capture"] == ("RuntimeError: operation failed due to a previous error during capture "
                                            "(during: RuntimeError: operation not permitted when stream is capturing)")
+
+
+def test_a_steps_difference_is_over_its_losses_and_gradients():
+    eager = ([2.0, 4.0], [torch.tensor([1.0, -4.0])])
+    assert graphed_layers.step_difference(([2.0, 4.2], [torch.tensor([1.0, -4.0])]), eager) == pytest.approx(0.05)
+    assert graphed_layers.step_difference(([2.0, 4.0], [torch.tensor([2.0, -4.0])]), eager) == pytest.approx(0.25)
+
+
+def test_the_runtime_steps_first_two_micro_batches_share_a_bucket():
+    from nbddp.runtime.graphed_layers import bucket_size
+
+    first, second = graphed_layers.RUNTIME_STEPS[0]
+    assert bucket_size(sum(first)) == bucket_size(sum(second)) and len(first) == len(second)
+    assert bucket_size(sum(graphed_layers.RUNTIME_STEPS[1][0])) != bucket_size(sum(first))
