@@ -18,8 +18,9 @@ itself, the yardstick for the differences. `buckets`: the layout a runtime would
 buckets in one shared pool, replayed A, B, A (see `buckets`). `runtime`: nbddp's own lever
 (`nbddp.runtime.graphed_layers`, the run setting `cuda_graphs`) under the model's forward with labels, losses and
 gradients of accumulated micro batches against eager ones (see `runtime_check`). A stage that raises is recorded
-with its error (and the error it happened during) instead of its figures, so a capture that fails says why. Needs CUDA and Unsloth
-(the GPU image's) and nbddp's packed attention applying there; docs/performance.md weighs the lever this measures.
+with its error (and the error it happened during) instead of its figures, so a capture that fails says why. Needs
+CUDA and Unsloth (the GPU image's) and nbddp's packed attention applying there; docs/performance.md weighs the lever
+this measures.
 """
 import argparse
 import importlib.metadata
