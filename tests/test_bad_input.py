@@ -162,6 +162,15 @@ def test_a_process_group_timeout_that_is_no_number_of_seconds(scratch, timeout):
     assert not scratch["out"].exists()
 
 
+@needs_generated_script
+def test_a_cuda_graphs_setting_that_is_neither_on_nor_off(scratch):
+    result = run_script("--max_steps", "1", "--output_dir", str(scratch["out"]),
+                        env={**scratch["env"], "NBDDP_CUDA_GRAPHS": "sometimes"})
+    assert_one_paragraph(result, "nbddp: error: NBDDP_CUDA_GRAPHS='sometimes': expected 1 or 0 (on or off): the run "
+                                 "setting `cuda_graphs`")
+    assert not scratch["out"].exists()
+
+
 def launch_two(*flags, env=None):
     """`pipeline.py launch` of the generated script on 2 CPU processes."""
     command = [sys.executable, "pipeline.py", "launch", "--nproc-per-node", "2", "--", *flags]

@@ -115,7 +115,9 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         ddp = init_distributed(resume, batch_layout)
         heartbeat.start(ddp.rank)  # under `pipeline.py launch`, which names a rank that stops beating as hung
         activate_backend(chosen)
+        from nbddp.runtime import graphed_layers  # imports transformers: once the backend is active
         training_overrides.check(training_overrides.from_environment())  # --set: before any work
+        graphed_layers.wanted()  # the run setting `cuda_graphs`: a value neither on nor off, before any work too
     except NbddpError as error:
         if not script_mode:
             raise

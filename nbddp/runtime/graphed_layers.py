@@ -58,7 +58,8 @@ def wanted() -> bool:
     """Whether the run setting `cuda_graphs` is on; a value that is neither on nor off is a usage error."""
     text = os.environ.get(ENV.CUDA_GRAPHS, "").strip().lower()
     if text not in TRUE + FALSE:
-        raise UsageError(f"{ENV.CUDA_GRAPHS}={text!r}: expected 1 or 0 (on or off)")
+        raise UsageError(f"{ENV.CUDA_GRAPHS}={text!r}: expected 1 or 0 (on or off): the run setting `cuda_graphs`, "
+                         "CUDA graphs over Unsloth's decoder layers")
     return text in TRUE
 
 
