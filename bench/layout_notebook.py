@@ -30,11 +30,13 @@ launches, host<->device copies, checkpoint function calls), come back as the tri
 
 Each round runs A (`LAYOUT_A_FLAGS`, default none: the notebook as written) then B (`LAYOUT_B_FLAGS`, default
 `--batch_layout auto`), with `LAYOUT_A_ENV` / `LAYOUT_B_ENV` (`NAME=VALUE ...`, e.g. the run setting
-`cuda_graphs` as NBDDP_CUDA_GRAPHS=1) added to that variant's environment, each a fresh `torchrun --nproc_per_node 1` (`LAYOUT_LAUNCH=python`: plain python) with
-NBDDP_OUTPUT_DIR set to the trial's folder, so every trial keeps its metrics.jsonl and checkpoint. The notebook's
-own 60 steps and 2 x 4 layout unless LAYOUT_MAX_STEPS is set. A part starts only if its preparation and first pair
-fit before the deadline, a trial only if it is expected to end before it (a pair's A only if its B fits too);
-one running at the deadline is stopped. After every trial `<out>/layout_1gpu.json` is rewritten (`summarize`).
+`cuda_graphs` as NBDDP_CUDA_GRAPHS=1) added to that variant's environment, each a fresh `torchrun --nproc_per_node
+1` (`LAYOUT_LAUNCH=python`: plain python) with NBDDP_OUTPUT_DIR set to the trial's folder, so every trial keeps its
+metrics.jsonl and checkpoint. The notebook's own 60 steps and 2 x 4 layout unless LAYOUT_MAX_STEPS is set. A part
+starts only if its preparation and first pair fit before the deadline, a trial only if it is expected to end before
+it (a pair's A only if its B fits too; before a part's first trial each is guessed at the part's `first_trial_s`,
+or LAYOUT_FIRST_TRIAL_S seconds where set, for shortened trials); one running at the deadline is stopped. After
+every trial `<out>/layout_1gpu.json` is rewritten (`summarize`).
 
 CPU check (no GPU, no Unsloth): LAYOUT_TINY=1 puts the tiny model (nbddp.examples.tiny_model.ensure_weights of
 models/tiny-llama; its embeddings grown, seeded, where the tokenizer is larger: the conversational part's chat
@@ -951,7 +953,7 @@ def run(out, part_names, deadline_s, work, rounds, resume=False):
         f"B {variant_flags()['B']}")
     for name in part_names:
         part = PARTS[name]
-        first = TINY_FIRST_TRIAL_S if tiny_mode() else part.first_trial_s
+        first = TINY_FIRST_TRIAL_S if tiny_mode() else int(os.environ.get("LAYOUT_FIRST_TRIAL_S", part.first_trial_s))
         hung = TINY_MAX_TRIAL_S if tiny_mode() else part.max_trial_s
         prepare = 10 if model_ready(part.shape, work) else part.prepare_s
         part_out = out / "trials" / name
