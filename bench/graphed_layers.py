@@ -23,6 +23,7 @@ CUDA and Unsloth (the GPU image's) and nbddp's packed attention applying there; 
 this measures.
 """
 import argparse
+import gc
 import importlib.metadata
 import itertools
 import json
@@ -292,17 +293,21 @@ def buckets(torch, packing, model, parameters, eager_for, rounds):
 def runtime_check(torch, model, parameters, rounds):
     """nbddp's runtime lever itself (`GraphedLayers` on the model's decoder layers) under the model's own forward
     with labels, each of RUNTIME_STEPS an optimizer step of micro batches accumulated. Returns `max_rel_diff` of its
-    losses and LoRA gradients against the eager steps and `eager_repeat_max_rel_diff` (eager against itself, the
-    yardstick), `drained_ms` of all the steps eagerly and then graphed (median over `rounds`; not interleaved: the
-    layers stay graphed once they are), the losses, and the lever's own summary line."""
+    losses and LoRA gradients against the eager steps, `eager_repeat_max_rel_diff` (eager against itself, the
+    yardstick; the graphed micro batches run padded to their buckets, the eager ones not, and the stack stage's
+    `same_shapes_max_rel_diff` tells the graphs' own share from the padding's), `drained_ms` of all the steps
+    eagerly and then graphed (median over `rounds`; not interleaved: the layers stay graphed once they are), the
+    losses, and the lever's own summary line. A micro batch the lever ran eagerly (a failed capture, a reason of its
+    own) is an error, not a figure."""
     from nbddp.runtime import graphed_layers
 
     generator = torch.Generator(device="cuda").manual_seed(2)
 
-    def micro_batch(lengths):
+    def micro_batch(lengths):  # as TRL's padding-free collator and Trainer hand it to the model
         ids = torch.randint(model.config.vocab_size, (1, sum(lengths)), device="cuda", generator=generator)
         return {"input_ids": ids, "position_ids": torch.tensor([positions_of(lengths)], device="cuda"),
-                "labels": ids}
+                "labels": ids, "packed_seq_lengths": torch.tensor(lengths, dtype=torch.int32, device="cuda"),
+                "num_items_in_batch": torch.tensor(sum(lengths) - len(lengths), device="cuda")}
 
     steps = [[micro_batch(lengths) for lengths in micro_batches] for micro_batches in RUNTIME_STEPS]
 
@@ -329,6 +334,10 @@ def runtime_check(torch, model, parameters, rounds):
     eager_ms = statistics.median(timed_steps() for _ in range(rounds))
     graphs = graphed_layers.GraphedLayers(model.base_model.model.model.layers, torch.device("cuda"))
     graphed = [run(batches) for batches in steps]
+    micro_batches = sum(len(batches) for batches in steps)
+    if graphs.failed or graphs.replayed != micro_batches:  # the lever falls back to eager quietly: not a pass
+        raise RuntimeError(f"the lever replayed {graphs.replayed} of {micro_batches} micro batches: {graphs.summary()}"
+                           + (f"; {graphs.failed}" if graphs.failed else ""))
     graphed_ms = statistics.median(timed_steps() for _ in range(rounds))
     return {"max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, eager)),
             "eager_repeat_max_rel_diff": max(step_difference(a, b) for a, b in zip(again, eager)),
@@ -482,11 +491,13 @@ def main():
     write()
     graphed = variants = None  # the stack's graphs and their pool go before the buckets' are measured
     torch.cuda.synchronize()
+    gc.collect()  # a graphed module's forward closes over the module: a cycle
     torch.cuda.empty_cache()
     record["buckets"] = stage(record, "buckets", lambda: buckets(torch, packing, model, parameters, eager_for,
                                                                   args.rounds))
     write()
     torch.cuda.synchronize()
+    gc.collect()
     torch.cuda.empty_cache()
     record["runtime"] = stage(record, "runtime", lambda: runtime_check(torch, model, parameters, args.rounds))
     write()

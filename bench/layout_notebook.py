@@ -921,6 +921,7 @@ def environment_facts(parts, deadline_s, rounds):
                                           else ""),
                      "B": " ".join(variant_flags()["B"])},
         "variant_env": variant_env(),
+        "first_trial_s_env": os.environ.get("LAYOUT_FIRST_TRIAL_S"),
         "launch": os.environ.get("LAYOUT_LAUNCH", "torchrun"),
         "max_steps_env": os.environ.get("LAYOUT_MAX_STEPS"),
         "notebooks_source": ((NOTEBOOKS / "SOURCE.txt").read_text().splitlines()
@@ -953,7 +954,8 @@ def run(out, part_names, deadline_s, work, rounds, resume=False):
         f"B {variant_flags()['B']}")
     for name in part_names:
         part = PARTS[name]
-        first = TINY_FIRST_TRIAL_S if tiny_mode() else int(os.environ.get("LAYOUT_FIRST_TRIAL_S", part.first_trial_s))
+        first = TINY_FIRST_TRIAL_S if tiny_mode() else float(os.environ.get("LAYOUT_FIRST_TRIAL_S")
+                                                             or part.first_trial_s)
         hung = TINY_MAX_TRIAL_S if tiny_mode() else part.max_trial_s
         prepare = 10 if model_ready(part.shape, work) else part.prepare_s
         part_out = out / "trials" / name

@@ -144,7 +144,8 @@ def test_replayed_micro_batches_give_the_eager_outputs_and_gradients():
     layers = model_of(3)
     generator = torch.Generator().manual_seed(0)
     batches = [(lengths, torch.randn(1, sum(lengths), 4, generator=generator),
-                torch.randn(1, sum(lengths), 4, generator=generator)) for lengths in ((5, 60, 100), (7, 9), (40, 30, 100))]
+                torch.randn(1, sum(lengths), 4, generator=generator))
+               for lengths in ((5, 60, 100), (7, 9), (40, 30, 100))]
     eager = [step(layers, *batch) for batch in batches]
     graphs = graphs_of(layers)
     replayed = [step(layers, *batch) for batch in batches]
@@ -357,10 +358,12 @@ def test_the_rotary_table_memory_and_hooks_keep_a_micro_batch_eager(monkeypatch)
     assert graphs.replayed == 1 and graphs.eager == {
         "no rotary table as long as the bucket": 1, "no GPU memory for another bucket": 1,
         "the rotary table changed since the capture": 1}
+    own_hook = model_of(2)
+    own_hook[1].register_forward_hook(lambda module, args, out: out)  # runs at each call of the layer: fine
+    with_own_hook = graphs_of(own_hook)
+    step(own_hook, (2, 4), hidden, grad)
+    assert with_own_hook.replayed == 1 and with_own_hook.failed is None
     hooked = model_of(2)
-    hooked[1].register_forward_hook(lambda module, args, out: out)  # runs at each call of the layer: fine
-    graphs_of(hooked)
-    step(hooked, (2, 4), hidden, grad)
     hooked[1].norm = torch.nn.Identity()
     hooked[1].norm.register_forward_hook(lambda module, args, out: out)
     with_hooks = graphs_of(hooked)
