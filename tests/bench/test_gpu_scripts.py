@@ -3,7 +3,7 @@ import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-DEVICE_CALLS = ("bench/gpu_call.sh", "bench/gpu_e2e.sh", "bench/layout_1gpu.sh")
+DEVICE_CALLS = ("bench/gpu_call.sh", "bench/gpu_e2e.sh", "bench/layout_1gpu.sh", "bench/graphs_1gpu.sh")
 
 
 def test_device_call_scripts_parse_share_the_gpu_environment_and_name_files_that_exist():
