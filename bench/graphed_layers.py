@@ -332,7 +332,10 @@ def runtime_check(torch, model, parameters, rounds):
     eager = [run(batches) for batches in steps]
     again = [run(batches) for batches in steps]
     eager_ms = statistics.median(timed_steps() for _ in range(rounds))
-    graphs = graphed_layers.GraphedLayers(model.base_model.model.model.layers, torch.device("cuda"))
+    layers = graphed_layers.decoder_layers(model)
+    if not layers:
+        raise RuntimeError("the model's decoder layers are not Unsloth's Llama ones, which the lever graphs")
+    graphs = graphed_layers.GraphedLayers(layers, torch.device("cuda"))
     graphed = [run(batches) for batches in steps]
     micro_batches = sum(len(batches) for batches in steps)
     if graphs.failed or graphs.replayed != micro_batches:  # the lever falls back to eager quietly: not a pass

@@ -244,10 +244,13 @@ class GraphedLayers:
             return None
         tokens, lengths = hidden.shape[1], kwargs["packed_seq_lengths"]
         key = (bucket_size(tokens), lengths.numel(), hidden.requires_grad)
-        bucket = self.buckets.get(key) or self._capture(key, hidden, kwargs)
+        bucket = self.buckets.get(key)
         if bucket is None:
-            self.eager["the capture failed"] += 1
-            return None
+            reason = self._why_no_capture(key, hidden.shape[2])
+            bucket = None if reason else self._capture(key, hidden, kwargs)
+            if bucket is None:
+                self.eager[reason or "the capture failed"] += 1
+                return None
         if kwargs["position_embeddings"][0] is not bucket.rotary:
             self.eager["the rotary table changed since the capture"] += 1
             return None
@@ -291,11 +294,13 @@ class GraphedLayers:
         rotary = kwargs.get("position_embeddings")
         if not rotary or rotary[0].shape[0] < size:  # the attention would build its own table, which may move
             return "no rotary table as long as the bucket"
-        if (size, lengths.numel(), hidden.requires_grad) in self.buckets:
-            return None
+        return None
+
+    def _why_no_capture(self, key, hidden_size):
+        """Why bucket `key`, not captured yet, is not captured now (the summary's words), or None."""
         if len(self.buckets) >= MAX_BUCKETS:
             return f"more than {MAX_BUCKETS} buckets"
-        if self._free_bytes() < BUCKET_BYTES * len(self.layers) * hidden.shape[2] * size:
+        if self._free_bytes() < BUCKET_BYTES * len(self.layers) * hidden_size * key[0]:
             return "no GPU memory for another bucket"
         return None
 
