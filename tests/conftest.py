@@ -62,6 +62,17 @@ def reference_runs_dir(tmp_path_factory):
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "ddp-reference-runs"
 
 
+@pytest.fixture(autouse=True)
+def forget_batch_plans():
+    """Each test starts with no batch plans made: nbddp.runtime.memory.batch_plan keeps the plans a process made (a
+    trainer that rebuilds its config finds its plan there by layout), so a test would otherwise find an earlier
+    test's plan of the same layout in the same worker. Nothing to do where no test imported it."""
+    yield
+    module = sys.modules.get("nbddp.runtime.memory.batch_plan")
+    if module is not None:
+        module._built.clear()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def start_reference_runs(request, tmp_path_factory):
     """Start the reference runs once per session, if a selected test reads them."""
