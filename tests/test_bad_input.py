@@ -163,11 +163,13 @@ def test_a_process_group_timeout_that_is_no_number_of_seconds(scratch, timeout):
 
 
 @needs_generated_script
-def test_a_cuda_graphs_setting_that_is_neither_on_nor_off(scratch):
+@pytest.mark.parametrize("setting", ["cuda_graphs", "one_launch_optimizer"])
+def test_an_on_off_setting_that_is_neither_on_nor_off(scratch, setting):
+    variable = f"NBDDP_{setting.upper()}"
     result = run_script("--max_steps", "1", "--output_dir", str(scratch["out"]),
-                        env={**scratch["env"], "NBDDP_CUDA_GRAPHS": "sometimes"})
-    assert_one_paragraph(result, "nbddp: error: NBDDP_CUDA_GRAPHS='sometimes': expected 1 or 0 (on or off): the run "
-                                 "setting `cuda_graphs`")
+                        env={**scratch["env"], variable: "sometimes"})
+    assert_one_paragraph(result, f"nbddp: error: {variable}='sometimes': expected 1 or 0 (on or off): the run "
+                                 f"setting `{setting}`")
     assert not scratch["out"].exists()
 
 

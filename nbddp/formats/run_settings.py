@@ -150,6 +150,10 @@ SETTINGS = (
             "layers, not yet in a training run; docs/performance.md)", env="NBDDP_CUDA_GRAPHS",
             set_by="the user; the layout bench's LAYOUT_B_ENV",
             read_by="runtime (graphed_layers)"),
+    Setting("one_launch_optimizer", "bool", False, "bitsandbytes' 8-bit AdamW updates the tensors whose sizes are "
+            "multiples of 256 in one launch a step over flat copies, the same arithmetic as one launch a tensor "
+            "(experimental: not yet run on a GPU; docs/performance.md)", env="NBDDP_ONE_LAUNCH_OPTIMIZER",
+            set_by="the user; the layout bench's LAYOUT_B_ENV", read_by="runtime (trainer.one_launch_optimizer)"),
     Setting("cache", "path", "~/.cache/nbddp/models", "where the example notebooks' tiny model weights are built",
             env="NBDDP_CACHE", set_by="the user", read_by="nbddp.examples.tiny_model"),
     Setting("sweep_urls", "JSON", None, "the notebook sweep's URL stand-ins: {url: [local file, content type]}",

@@ -116,8 +116,10 @@ def setup(namespace: dict | None = None, *, backend: str = "auto", script: str |
         heartbeat.start(ddp.rank)  # under `pipeline.py launch`, which names a rank that stops beating as hung
         activate_backend(chosen)
         from nbddp.runtime import graphed_layers  # imports transformers: once the backend is active
+        from nbddp.runtime.trainer import one_launch_optimizer
         training_overrides.check(training_overrides.from_environment())  # --set: before any work
         graphed_layers.wanted()  # the run setting `cuda_graphs`: a value neither on nor off, before any work too
+        one_launch_optimizer.install()  # the run setting `one_launch_optimizer`: checked the same way
     except NbddpError as error:
         if not script_mode:
             raise

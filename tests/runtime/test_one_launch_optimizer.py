@@ -1,0 +1,195 @@
+"""bitsandbytes' 8-bit AdamW in one update launch a step (runtime.trainer.one_launch_optimizer), on a stand-in for
+bitsandbytes' Optimizer2State and its blockwise kernel (bitsandbytes' own needs CUDA): the hooked optimizer must
+step every tensor as the plain one does, bit for bit, with fewer update calls. bench/bnb_step_syncs.py checks the
+same against the real kernel on a GPU."""
+import pytest
+import torch
+
+from nbddp import patches
+from nbddp.errors import UsageError
+from nbddp.runtime.trainer import one_launch_optimizer
+from nbddp.runtime.trainer.one_launch_optimizer import BLOCK, Hooks
+
+SHAPES = [(16, 64), (32, 16), (8, 96), (3, 5)]  # the last is no whole number of blocks: stepped on its own
+
+
+def blockwise_update(calls):
+    """A stand-in for bitsandbytes.functional.optimizer_update_8bit_blockwise: AdamW on states kept in 8 bits with
+    one scale a block of BLOCK elements, elementwise otherwise; records each call's element count in `calls`."""
+
+    def update(name, g, p, state1, state2, beta1, beta2, beta3, alpha, eps, step, lr, qmap1, qmap2, absmax1,
+               absmax2, weight_decay, gnorm_scale=1.0, skip_zeros=False):
+        calls.append(g.numel())
+        m = beta1 * dequantize(state1, absmax1, signed=True) + (1 - beta1) * g.reshape(-1).float()
+        v = beta2 * dequantize(state2, absmax2, signed=False) + (1 - beta2) * g.reshape(-1).float() ** 2
+        flat = p.view(-1)
+        flat.mul_(1 - lr * weight_decay)
+        flat.sub_(lr * (m / (1 - beta1 ** step)) / ((v / (1 - beta2 ** step)).sqrt() + eps))
+        quantize(m, state1, absmax1, signed=True)
+        quantize(v, state2, absmax2, signed=False)
+
+    return update
+
+
+def blocks(x):
+    padded = torch.nn.functional.pad(x.reshape(-1), (0, -x.numel() % BLOCK))
+    return padded.view(-1, BLOCK)
+
+
+def dequantize(state, absmax, signed):
+    values = blocks(state.float()) / 255
+    values = values * 2 - 1 if signed else values
+    return (values * absmax[:, None]).reshape(-1)[: state.numel()]
+
+
+def quantize(x, state, absmax, signed):
+    scaled = blocks(x)
+    absmax.copy_(scaled.abs().amax(1).clamp_min(1e-12))
+    unit = scaled / absmax[:, None]
+    codes = ((unit + 1) / 2 if signed else unit) * 255
+    state.view(-1).copy_(codes.round().reshape(-1)[: state.numel()].to(torch.uint8))
+
+
+class Optimizer2State(torch.optim.Optimizer):
+    """bitsandbytes 0.50's Optimizer2State, cut to what the hooks depend on: its state layout, `get_config`, and a
+    step that skips tensors without a gradient and updates the others one call each."""
+
+    def __init__(self, params, update, lr=2e-3, name="adam", is_paged=False):
+        super().__init__(params, {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01})
+        self.update, self.optimizer_name, self.is_paged = update, name, is_paged
+        self.qmap1, self.qmap2 = torch.linspace(-1, 1, 256), torch.linspace(0, 1, 256)
+
+    def get_config(self, gindex, pindex, group):
+        return {"betas": group["betas"], "eps": group["eps"], "weight_decay": group["weight_decay"],
+                "lr": group["lr"], "alpha": 0.0, "skip_zeros": False, "optim_bits": 8}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for gindex, group in enumerate(self.param_groups):
+            for pindex, p in enumerate(group["params"]):
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    blocks_ = -(-p.numel() // BLOCK)
+                    state.update(step=0, state1=torch.full_like(p, 128, dtype=torch.uint8),
+                                 state2=torch.zeros_like(p, dtype=torch.uint8), qmap1=self.qmap1, qmap2=self.qmap2,
+                                 absmax1=torch.zeros(blocks_), absmax2=torch.zeros(blocks_))
+                state["step"] += 1
+                config = self.get_config(gindex, pindex, group)
+                self.update(self.optimizer_name, p.grad, p, state["state1"], state["state2"], *config["betas"], 0.0,
+                            0.0, config["eps"], state["step"], config["lr"], state["qmap1"], state["qmap2"],
+                            state["absmax1"], state["absmax2"], config["weight_decay"])
+
+
+class Hooked(Optimizer2State):
+    """The class the hooks are registered for (the global hooks see every optimizer: the plain one is not one)."""
+
+
+@pytest.fixture
+def hooked(backend_patches_undone_after):
+    """The hooks registered for `Hooked`; the calls of the update they make."""
+    calls = []
+    Hooks(Hooked, blockwise_update(calls)).register()
+    return calls
+
+
+def pair(hooked_calls, **options):
+    """A plain optimizer and a hooked one over equal tensors, each update recording its calls: the plain one's
+    into the list returned."""
+    plain_calls = []
+    made = []
+    for kind, calls in ((Optimizer2State, plain_calls), (Hooked, hooked_calls)):
+        generator = torch.Generator().manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES]
+        made.append((params, kind(params, blockwise_update(calls), **options)))
+    return made, plain_calls
+
+
+def step_both(made, step, without=()):
+    generator = torch.Generator().manual_seed(100 + step)
+    grads = [torch.randn(shape, generator=generator) for shape in SHAPES]
+    for params, optimizer in made:
+        for index, (p, grad) in enumerate(zip(params, grads)):
+            p.grad = None if index in without else grad.clone()
+        optimizer.param_groups[0]["lr"] = 2e-3 / step  # a scheduler's change between steps
+        optimizer.step()
+
+
+def assert_same(made):
+    (params_a, optimizer_a), (params_b, optimizer_b) = made
+    for a, b in zip(params_a, params_b):
+        assert torch.equal(a, b)
+        state_a, state_b = optimizer_a.state[a], optimizer_b.state[b]
+        assert state_a["step"] == state_b["step"]
+        for name in ("state1", "state2", "absmax1", "absmax2"):
+            assert state_a[name].shape == state_b[name].shape and torch.equal(state_a[name], state_b[name])
+
+
+def test_from_the_second_step_the_whole_blocks_are_one_update_with_the_same_result(hooked):
+    made, plain_calls = pair(hooked)
+    for step in range(1, 5):
+        step_both(made, step)
+        assert_same(made)
+    whole = sum(rows * cols for rows, cols in SHAPES[:3])
+    assert plain_calls == [1024, 512, 768, 15] * 4
+    assert hooked == [1024, 512, 768, 15] + [whole, 15] * 3
+
+
+def test_the_gradients_are_given_back_after_the_step(hooked):
+    made, _ = pair(hooked)
+    step_both(made, 1)
+    params, optimizer = made[1]
+    grads = [torch.full(shape, 0.5) for shape in SHAPES]
+    for p, grad in zip(params, grads):
+        p.grad = grad
+    optimizer.step()
+    assert all(p.grad is grad for p, grad in zip(params, grads))
+    assert not hasattr(optimizer, "nbddp_hidden")
+
+
+def test_a_tensor_without_a_gradient_keeps_its_value_and_state(hooked):
+    made, _ = pair(hooked)
+    for step in (1, 2):
+        step_both(made, step)
+    before = made[1][0][1].detach().clone()
+    step_both(made, 3, without={1})
+    assert torch.equal(made[1][0][1], before)
+    assert_same(made)
+    step_both(made, 4)
+    assert_same(made)
+
+
+def test_states_replaced_from_outside_are_taken_in(hooked):
+    made, _ = pair(hooked)
+    for step in (1, 2):
+        step_both(made, step)
+    params, optimizer = made[1]
+    for p in params:  # what loading a checkpoint's optimizer state does: new tensors, equal values
+        optimizer.state[p].update({name: optimizer.state[p][name].clone()
+                                   for name in ("state1", "state2", "absmax1", "absmax2")})
+    for step in (3, 4):
+        step_both(made, step)
+        assert_same(made)
+
+
+def test_paged_optimizers_and_other_updates_are_stepped_as_ever(hooked):
+    for options in ({"is_paged": True}, {"name": "ademamix"}):
+        hooked.clear()
+        made, plain_calls = pair(hooked, **options)
+        for step in (1, 2, 3):
+            step_both(made, step)
+        assert_same(made)
+        assert hooked == plain_calls
+
+
+def test_the_run_setting(monkeypatch, backend_patches_undone_after):
+    monkeypatch.setenv("NBDDP_ONE_LAUNCH_OPTIMIZER", "sometimes")
+    with pytest.raises(UsageError, match="expected 1 or 0"):
+        one_launch_optimizer.wanted()
+    monkeypatch.setenv("NBDDP_ONE_LAUNCH_OPTIMIZER", "1")
+    assert one_launch_optimizer.wanted()
+    one_launch_optimizer.install()  # no CUDA here: nothing
+    assert one_launch_optimizer.PATCH not in patches.active()
+    monkeypatch.setenv("NBDDP_ONE_LAUNCH_OPTIMIZER", "0")
+    assert not one_launch_optimizer.wanted()
