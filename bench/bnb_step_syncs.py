@@ -68,7 +68,7 @@ def trial(variant: str, warmup: int, steps: int) -> dict:
     patches.undo()
     flat = getattr(optimizer, "nbddp_flat", {})
     return {"variant": variant, "host_ms": statistics.median(host_ms), "drained_ms": statistics.median(drained_ms),
-            "flat_tensors": sum(len(f.params) for f in flat.values() if f is not None),
+            "flat_tensors": sum(len(f.params) for f in flat.values() if isinstance(f, one_launch_optimizer.Flat)),
             "tensors": [p.detach().clone() for p in params]
             + [optimizer.state[p][name].clone() for p in params for name in one_launch_optimizer.STATES]}
 

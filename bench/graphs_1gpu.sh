@@ -3,7 +3,8 @@
 # do they give the 8B notebook?
 #   BENCH_COMMIT=<commit> bash bench/graphs_1gpu.sh [DEADLINE_S]        (repository root, $OUT set; default 520)
 # 1. python -m bench.bnb_step_syncs: bitsandbytes' 8-bit AdamW on the 8B's 448 LoRA tensors, as shipped, without
-#    its syncs, and in one launch (`one_launch_optimizer`); the setting passes when all three end bit for bit equal.
+#    its syncs, and in one launch (`one_launch_optimizer`); the setting passes when all three end bit for bit equal
+#    and every tensor was in the one launch.
 # 2. python -m bench.graphed_layers --layers 8: the lever under the model's own forward (its `runtime` stage fails
 #    unless every micro batch replayed), beside the shared pool of two buckets and the eager yardstick.
 # 3. With the settings that passed 1 and 2: the layout pair on the 8B Alpaca notebook, `auto` against `auto` with
@@ -25,7 +26,7 @@ passed() {  # passed FILE PYTHON-EXPRESSION-OF-d: whether the JSON file's record
   timeout 90 python3 -m bench.bnb_step_syncs --rounds 3 --steps 20 --out "$OUT/bnb_one_launch.json" \
     > "$OUT/bnb_one_launch.log" 2>&1
   echo "bnb_step_syncs exit status $? after $(($(date +%s) - started))s"
-  if passed "$OUT/bnb_one_launch.json" 'd["same_result"]'; then
+  if passed "$OUT/bnb_one_launch.json" 'd["same_result"] and all(r["one_launch"]["flat_tensors"] == d["tensors"] for r in d["rounds"])'; then
     settings="NBDDP_ONE_LAUNCH_OPTIMIZER=1"
   else
     echo "one_launch_optimizer did not pass (bnb_one_launch.json's same_result, or its .log)"

@@ -2,6 +2,8 @@
 bitsandbytes' Optimizer2State and its blockwise kernel (bitsandbytes' own needs CUDA): the hooked optimizer must
 step every tensor as the plain one does, bit for bit, with fewer update calls. bench/bnb_step_syncs.py checks the
 same against the real kernel on a GPU."""
+import types
+
 import pytest
 import torch
 
@@ -51,20 +53,27 @@ def quantize(x, state, absmax, signed):
 
 
 class Optimizer2State(torch.optim.Optimizer):
-    """bitsandbytes 0.50's Optimizer2State, cut to what the hooks depend on: its state layout, `get_config`, and a
-    step that skips tensors without a gradient and updates the others one call each."""
+    """bitsandbytes 0.50's Optimizer2State, cut to what the hooks depend on: its state layout, `get_config` with
+    per-tensor overrides (`mng.pid2config`, its GlobalOptimManager's), `initialized` after its first step, and a
+    step that runs a closure, skips tensors without a gradient and updates the others one call each."""
 
     def __init__(self, params, update, lr=2e-3, name="adam", is_paged=False):
         super().__init__(params, {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01})
         self.update, self.optimizer_name, self.is_paged = update, name, is_paged
         self.qmap1, self.qmap2 = torch.linspace(-1, 1, 256), torch.linspace(0, 1, 256)
+        self.mng, self.initialized = types.SimpleNamespace(pid2config={}, index2config={}), False
 
     def get_config(self, gindex, pindex, group):
-        return {"betas": group["betas"], "eps": group["eps"], "weight_decay": group["weight_decay"],
-                "lr": group["lr"], "alpha": 0.0, "skip_zeros": False, "optim_bits": 8}
+        config = {"betas": group["betas"], "eps": group["eps"], "weight_decay": group["weight_decay"],
+                  "lr": group["lr"], "alpha": 0.0, "skip_zeros": False, "optim_bits": 8}
+        return {**config, **self.mng.pid2config.get(id(group["params"][pindex]), {})}
 
     @torch.no_grad()
     def step(self, closure=None):
+        if closure is not None:
+            with torch.enable_grad():
+                closure()
+        self.initialized = True
         for gindex, group in enumerate(self.param_groups):
             for pindex, p in enumerate(group["params"]):
                 if p.grad is None:
@@ -106,14 +115,24 @@ def pair(hooked_calls, **options):
     return made, plain_calls
 
 
-def step_both(made, step, without=()):
+def step_both(made, step, without=(), closure=False):
+    """One step of both optimizers with equal gradients (none for the tensors of `without`); with `closure`, the
+    gradients come from the step's closure."""
     generator = torch.Generator().manual_seed(100 + step)
     grads = [torch.randn(shape, generator=generator) for shape in SHAPES]
     for params, optimizer in made:
-        for index, (p, grad) in enumerate(zip(params, grads)):
-            p.grad = None if index in without else grad.clone()
+        def set_grads(params=params):
+            for index, (p, grad) in enumerate(zip(params, grads)):
+                p.grad = None if index in without else grad.clone()
+
         optimizer.param_groups[0]["lr"] = 2e-3 / step  # a scheduler's change between steps
-        optimizer.step()
+        if closure:
+            for p in params:
+                p.grad = torch.ones_like(p)  # stale: the closure's are the step's
+            optimizer.step(set_grads)
+        else:
+            set_grads()
+            optimizer.step()
 
 
 def assert_same(made):
@@ -193,3 +212,49 @@ def test_the_run_setting(monkeypatch, backend_patches_undone_after):
     assert one_launch_optimizer.PATCH not in patches.active()
     monkeypatch.setenv("NBDDP_ONE_LAUNCH_OPTIMIZER", "0")
     assert not one_launch_optimizer.wanted()
+
+
+def test_a_step_with_a_closure_is_bitsandbytes_own(hooked):
+    made, plain_calls = pair(hooked)
+    for step in (1, 2, 3):
+        step_both(made, step, closure=True)
+        assert_same(made)
+    assert hooked == plain_calls
+
+
+def test_a_tensor_with_settings_of_its_own_is_stepped_on_its_own(hooked):
+    made, plain_calls = pair(hooked)
+    step_both(made, 1)
+    step_both(made, 2)
+    for params, optimizer in made:  # an override made between steps (bitsandbytes' GlobalOptimManager)
+        optimizer.mng.pid2config[id(params[1])] = {"lr": 1e-4}
+    for step in (3, 4):
+        step_both(made, step)
+        assert_same(made)
+    assert sorted(hooked[-3:]) == [15, 512, 1024 + 768]
+
+
+def test_the_most_tensors_alike_share_the_launch_and_the_flat_holds_at_most_max_elements(hooked, monkeypatch):
+    made, _ = pair(hooked)
+    step_both(made, 1, without={0})  # the first tensor is a step behind the others from here
+    for step in (2, 3):
+        step_both(made, step)
+        assert_same(made)
+    assert sorted(hooked[-3:]) == [15, 1024, 512 + 768]
+    monkeypatch.setattr(one_launch_optimizer, "MAX_ELEMENTS", 1024 + 512)
+    made, _ = pair(hooked)
+    for step in (1, 2):
+        step_both(made, step)
+    assert_same(made)
+    assert sorted(hooked[-3:]) == [15, 768, 1024 + 512]
+
+
+def test_quantization_maps_equal_in_value_are_one(hooked):
+    made, plain_calls = pair(hooked)
+    step_both(made, 1)
+    params, optimizer = made[1]
+    for p in params:  # what loading a checkpoint gives: a copy of the maps for each tensor
+        optimizer.state[p].update(qmap1=optimizer.qmap1.clone(), qmap2=optimizer.qmap2.clone())
+    step_both(made, 2)
+    assert_same(made)
+    assert sorted(hooked[-2:]) == [15, 1024 + 512 + 768]

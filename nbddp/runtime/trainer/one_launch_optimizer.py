@@ -11,9 +11,14 @@ the eligible tensors' gradients and values into flat buffers, runs the update on
 (the parameters' own state tensors become views of them, so checkpoints keep bitsandbytes' format), copies the
 values back and hides those gradients from bitsandbytes' own loop, which then steps the rest (tensors of other
 sizes, dtypes, devices or settings); a post-hook gives the gradients back. Eligible: a 2-state 8-bit blockwise
-state ("adam", as `optim="adamw_8bit"` makes), a gradient, not paged, on CUDA, the group's settings unchanged for
-the tensor and its step count the others'. States replaced from outside (a checkpoint loaded) are taken in again.
+state ("adam", as `optim="adamw_8bit"` makes), a gradient, not paged, on the device's default stream (the stream
+bitsandbytes' kernels run on), the tensor's settings and step count those of the most tensors of the group, at most
+MAX_ELEMENTS in all (the kernel counts elements in 32 bits; the flat copies cost their size again). A step with a
+closure, before bitsandbytes' first (which reads its per-tensor overrides), or after overrides changed, is
+bitsandbytes' own. States replaced from outside (a checkpoint loaded) are taken in again. If bitsandbytes' loop
+raises, the hidden gradients stay hidden: the step failed anyway.
 """
+import collections
 import dataclasses
 import importlib.util
 import os
@@ -27,6 +32,9 @@ from nbddp.rank import is_main_process
 
 PATCH = "bitsandbytes-one-launch"
 BLOCK = 256  # bitsandbytes' blocks of the 8-bit blockwise optimizer states (Optimizer2State.init_state)
+# Elements one flat may hold: the kernel's count is an int32 (bitsandbytes passes ct.c_int32(g.numel())), and the
+# flat copies of gradients and values take memory of their size (an 8B model's LoRA at r 16: 42M elements).
+MAX_ELEMENTS = 2 ** 28
 STATES = ("state1", "state2", "absmax1", "absmax2")
 TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
@@ -46,9 +54,14 @@ def install() -> None:
     if PATCH in patches.active() or not wanted() or not torch.cuda.is_available() \
             or importlib.util.find_spec("bitsandbytes") is None:
         return
-    import bitsandbytes.functional
-    import bitsandbytes.optim.optimizer
-
+    try:
+        import bitsandbytes.functional
+        import bitsandbytes.optim.optimizer
+    except Exception as error:  # a bitsandbytes that cannot load here: nothing of it runs to hook
+        if is_main_process():
+            log.warning(f"nbddp: the run setting `one_launch_optimizer` does nothing: bitsandbytes does not load "
+                        f"({type(error).__name__}: {error})")
+        return
     hooks = Hooks(bitsandbytes.optim.optimizer.Optimizer2State,
                   bitsandbytes.functional.optimizer_update_8bit_blockwise)
     hooks.register()
@@ -72,16 +85,22 @@ class Hooks:
 
     @torch.no_grad()
     def before(self, optimizer, args, kwargs):
-        """Update each group's flat tensors in one launch; hide their gradients from the optimizer's own loop."""
-        if not isinstance(optimizer, self.optimizer_class) or optimizer.is_paged or optimizer.optimizer_name != "adam":
+        """Update each group's flat tensors in one launch; hide their gradients from the optimizer's own loop.
+        (`args`: the step's, the optimizer first.)"""
+        if not isinstance(optimizer, self.optimizer_class) or optimizer.is_paged or optimizer.optimizer_name != "adam" \
+                or args[1:] or kwargs.get("closure") is not None or not getattr(optimizer, "initialized", True):
             return
+        overrides = repr((optimizer.mng.pid2config, optimizer.mng.index2config)) if hasattr(optimizer, "mng") else ""
         flats = optimizer.__dict__.setdefault("nbddp_flat", {})
         hidden = []
         for index, group in enumerate(optimizer.param_groups):
             flat = flats.get(index)
-            if flat is None or not flat.current(optimizer):
-                flat = flats[index] = Flat.build(optimizer, index, group)
-            if flat is None:
+            # a group without one is scanned again only when tensors got states or the overrides changed
+            scan = (len(optimizer.state), overrides)
+            if flat is None or (isinstance(flat, tuple) and flat != scan) \
+                    or (isinstance(flat, Flat) and not flat.current(optimizer, overrides)):
+                flat = flats[index] = Flat.build(optimizer, index, group, overrides, flat) or scan
+            if not isinstance(flat, Flat):
                 continue
             flat.step(optimizer, group, self.update)
             hidden += [(p, p.grad) for p in flat.params]
@@ -99,7 +118,7 @@ class Hooks:
 class Flat:
     """One param group's eligible tensors end to end: their gradients' and values' flat copies (`grads`, `values`),
     the flat states (STATES), and each tensor's views of them (`views`: per tensor, its grads, values and STATES
-    views)."""
+    views); `overrides`: bitsandbytes' per-tensor overrides when it was built."""
 
     group: int
     params: list
@@ -108,34 +127,48 @@ class Flat:
     values: torch.Tensor
     states: dict
     views: list
+    overrides: str
 
     @classmethod
-    def build(cls, optimizer, group_index: int, group: dict) -> "Flat | None":
+    def build(cls, optimizer, group_index: int, group: dict, overrides: str, old=None) -> "Flat | None":
         """The group's eligible tensors (see the module) laid out flat, their states copied in and replaced by views,
-        or None for fewer than two."""
-        chosen, first = [], None
+        or None for fewer than two (or no memory for the copies). The tensors of `old` (the Flat this replaces) get
+        states of their own first, so that its buffers go."""
+        if isinstance(old, Flat):
+            for p in old.params:
+                optimizer.state[p].update({name: optimizer.state[p][name].clone() for name in STATES})
+        candidates = []
         for index, p in enumerate(group["params"]):
             state = optimizer.state.get(p, {})
             if p.grad is None or not _blockwise_8bit(p, state):
                 continue
-            key = (p.device, p.dtype, p.grad.dtype, state["step"], id(state["qmap1"]), id(state["qmap2"]),
+            key = (p.device, p.dtype, p.grad.dtype, state["step"],
                    _settings(optimizer.get_config(group_index, index, group)))
-            if first is None:
-                first = key
-            if key == first:
+            candidates.append((key, index, p))
+        if not candidates:
+            return None
+        most = collections.Counter(key for key, _, _ in candidates).most_common(1)[0][0]
+        chosen, total = [], 0
+        for key, index, p in candidates:
+            if key == most and total + p.numel() <= MAX_ELEMENTS and _same_maps(optimizer.state, p, chosen):
                 chosen.append((index, p))
-        if len(chosen) < 2:
+                total += p.numel()
+        if len(chosen) < 2 or (chosen[0][1].device.type == "cuda" and
+                               torch.cuda.current_stream(chosen[0][1].device)
+                               != torch.cuda.default_stream(chosen[0][1].device)):
             return None
         params = [p for _, p in chosen]
-        sizes = [p.numel() for p in params]
-        total, device = sum(sizes), params[0].device
-        grads = torch.empty(total, dtype=params[0].grad.dtype, device=device)
-        values = torch.empty(total, dtype=params[0].dtype, device=device)
-        states = {name: torch.empty(total // BLOCK if name.startswith("absmax") else total,
-                                    dtype=optimizer.state[params[0]][name].dtype, device=device) for name in STATES}
+        device, first = params[0].device, optimizer.state[params[0]]
+        try:
+            grads = torch.empty(total, dtype=params[0].grad.dtype, device=device)
+            values = torch.empty(total, dtype=params[0].dtype, device=device)
+            states = {name: torch.empty(total // BLOCK if name.startswith("absmax") else total,
+                                        dtype=first[name].dtype, device=device) for name in STATES}
+        except torch.OutOfMemoryError:
+            return None
         views, offset = [], 0
-        for p, size in zip(params, sizes):
-            state = optimizer.state[p]
+        for p in params:
+            state, size = optimizer.state[p], p.numel()
             view = {"grads": grads[offset:offset + size].view_as(p), "values": values[offset:offset + size].view_as(p)}
             for name in STATES:
                 start, end = (offset // BLOCK, (offset + size) // BLOCK) if name.startswith("absmax") \
@@ -145,12 +178,14 @@ class Flat:
                 state[name] = view[name]
             views.append(view)
             offset += size
-        return cls(group_index, params, [index for index, _ in chosen], grads, values, states, views)
+        return cls(group_index, params, [index for index, _ in chosen], grads, values, states, views, overrides)
 
-    def current(self, optimizer) -> bool:
-        """Whether every tensor still has a gradient and its states are still this one's views."""
-        return all(p.grad is not None and all(optimizer.state[p][name] is view[name] for name in STATES)
-                   for p, view in zip(self.params, self.views))
+    def current(self, optimizer, overrides: str) -> bool:
+        """Whether the overrides are as they were and every tensor still has a gradient and its states are still
+        this one's views."""
+        return overrides == self.overrides and all(
+            p.grad is not None and all(optimizer.state[p][name] is view[name] for name in STATES)
+            for p, view in zip(self.params, self.views))
 
     def step(self, optimizer, group: dict, update) -> None:
         """One update of every tensor, as the optimizer's `update_step` does for one."""
@@ -173,6 +208,15 @@ def _blockwise_8bit(p, state) -> bool:
     return (state.get("state1") is not None and state["state1"].dtype == torch.uint8
             and state.get("state2") is not None and state.get("absmax2") is not None
             and p.numel() % BLOCK == 0 and p.is_contiguous() and p.grad.is_contiguous())
+
+
+def _same_maps(states, p, chosen) -> bool:
+    """Whether `p`'s quantization maps are those of the first tensor chosen (bitsandbytes shares one pair; a
+    checkpoint loaded gives each tensor copies, equal in value)."""
+    if not chosen:
+        return True
+    first, state = states[chosen[0][1]], states[p]
+    return all(state[name] is first[name] or torch.equal(state[name], first[name]) for name in ("qmap1", "qmap2"))
 
 
 def _settings(config: dict) -> tuple:
