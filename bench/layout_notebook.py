@@ -551,7 +551,7 @@ def log_facts(text):
         "plan_lines": [line for line in nbddp if "global batch" in line],
         "checkpointing_lines": [line for line in nbddp if re.search(r"checkpointing", line, re.I)],
         "batch_layout_lines": [line for line in nbddp if "--batch_layout" in line],
-        "graphs_lines": [line for line in nbddp if "CUDA graphs" in line],
+        "graphs_lines": [line for line in nbddp if "CUDA graphs" in line or "one_launch_optimizer" in line],
         "unsloth_batch_lines": unsloth_batch,
         "notebook_peak_reserved_gb": float(peak[-1]) if peak else None,
         "notebook_train_runtime_s": float(runtime[-1]) if runtime else None,

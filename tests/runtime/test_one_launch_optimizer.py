@@ -258,3 +258,20 @@ def test_quantization_maps_equal_in_value_are_one(hooked):
     step_both(made, 2)
     assert_same(made)
     assert sorted(hooked[-2:]) == [15, 1024 + 512 + 768]
+
+
+def test_rank_0_says_once_how_many_tensors_update_in_one_launch(hooked, caplog):
+    caplog.set_level("INFO", logger="nbddp")
+    made, _ = pair(hooked)
+    for step in (1, 2, 3):
+        step_both(made, step)
+    said = [record.getMessage() for record in caplog.records if "one_launch_optimizer" in record.getMessage()]
+    assert said == ["nbddp: one_launch_optimizer: 3 of the 4 tensors stepped (0.0M elements) update in 1 launch a "
+                    "step; bitsandbytes steps the others one by one"]
+    caplog.clear()
+    made, _ = pair(hooked, lr=1e-3)
+    for params, optimizer in made:
+        optimizer.mng.pid2config.update({id(p): {"lr": 1e-4 * (index + 1)} for index, p in enumerate(params)})
+    step_both(made, 1)
+    step_both(made, 2)
+    assert "none of the 4 tensors stepped updates in one launch" in caplog.text

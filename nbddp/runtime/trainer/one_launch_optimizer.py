@@ -66,8 +66,9 @@ def install() -> None:
                   bitsandbytes.functional.optimizer_update_8bit_blockwise)
     hooks.register()
     if is_main_process():
-        log.info("nbddp: the run setting `one_launch_optimizer`: bitsandbytes' 8-bit AdamW updates the tensors "
-                 f"whose sizes are multiples of {BLOCK} in one launch a step, from the second step")
+        log.info("nbddp: the run setting `one_launch_optimizer`: bitsandbytes' 8-bit AdamW is to update the tensors "
+                 f"whose sizes are multiples of {BLOCK} in one launch a step, from its second step (a line then says "
+                 "how many)")
 
 
 class Hooks:
@@ -107,6 +108,9 @@ class Hooks:
         for p, _ in hidden:
             p.grad = None
         optimizer.nbddp_hidden = hidden
+        if not optimizer.__dict__.get("nbddp_flat_said") and is_main_process():
+            optimizer.nbddp_flat_said = True
+            _say_what_was_done(optimizer, hidden)
 
     def after(self, optimizer, args, kwargs):
         """Give back the gradients `before` hid."""
@@ -201,6 +205,21 @@ class Flat:
                state["step"], config["lr"], state["qmap1"], state["qmap2"], self.states["absmax1"],
                self.states["absmax2"], config["weight_decay"], gnorm_scale=1.0, skip_zeros=config["skip_zeros"])
         torch._foreach_copy_(self.params, [view["values"] for view in self.views])
+
+
+def _say_what_was_done(optimizer, hidden) -> None:
+    """Rank 0's one line at the first step the hooks ran: how many tensors update in one launch."""
+    stepped = sum(1 for group in optimizer.param_groups for p in group["params"] if p.grad is not None) + len(hidden)
+    if hidden:
+        elements = sum(p.numel() for p, _ in hidden)
+        launches = sum(isinstance(flat, Flat) for flat in optimizer.nbddp_flat.values())
+        log.info(f"nbddp: one_launch_optimizer: {len(hidden)} of the {stepped} tensors stepped "
+                 f"({elements / 1e6:.1f}M elements) update in {launches} launch{'es' if launches > 1 else ''} a step; "
+                 "bitsandbytes steps the others one by one")
+    else:
+        log.warning(f"nbddp: one_launch_optimizer: none of the {stepped} tensors stepped updates in one launch "
+                    f"(sizes not whole blocks of {BLOCK}, other dtypes, devices, settings or step counts, a closure, "
+                    "or a stream other than the default one): bitsandbytes steps them one by one")
 
 
 def _blockwise_8bit(p, state) -> bool:
