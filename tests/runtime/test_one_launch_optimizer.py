@@ -132,7 +132,7 @@ def step_both(made, step, without=(), closure=False):
             optimizer.step(set_grads)
         else:
             set_grads()
-            optimizer.step()
+            optimizer.step(None)  # as accelerate's AcceleratedOptimizer calls it: no closure, positionally
 
 
 def assert_same(made):

@@ -87,9 +87,10 @@ class Hooks:
     @torch.no_grad()
     def before(self, optimizer, args, kwargs):
         """Update each group's flat tensors in one launch; hide their gradients from the optimizer's own loop.
-        (`args`: the step's, the optimizer first.)"""
+        (`args`: the step's, the optimizer first; accelerate passes `closure=None` positionally.)"""
         if not isinstance(optimizer, self.optimizer_class) or optimizer.is_paged or optimizer.optimizer_name != "adam" \
-                or args[1:] or kwargs.get("closure") is not None or not getattr(optimizer, "initialized", True):
+                or any(arg is not None for arg in args[1:]) or kwargs.get("closure") is not None \
+                or not getattr(optimizer, "initialized", True):
             return
         overrides = repr((optimizer.mng.pid2config, optimizer.mng.index2config)) if hasattr(optimizer, "mng") else ""
         flats = optimizer.__dict__.setdefault("nbddp_flat", {})
