@@ -214,6 +214,19 @@ def test_the_run_setting(monkeypatch, backend_patches_undone_after):
     assert not one_launch_optimizer.wanted()
 
 
+def test_under_accelerate_as_the_trainer_steps(hooked):
+    from accelerate import Accelerator
+
+    made, plain_calls = pair(hooked)
+    accelerator = Accelerator(cpu=True)  # Trainer steps through the optimizer it prepares
+    wrapped = [(params, accelerator.prepare_optimizer(optimizer)) for params, optimizer in made]
+    for step in (1, 2, 3):
+        step_both(wrapped, step)
+        assert_same(made)
+    assert isinstance(made[1][1].nbddp_flat[0], one_launch_optimizer.Flat)
+    assert len(hooked) < len(plain_calls)
+
+
 def test_a_step_with_a_closure_is_bitsandbytes_own(hooked):
     made, plain_calls = pair(hooked)
     for step in (1, 2, 3):
