@@ -10,6 +10,7 @@ docs/settings.md (`markdown`). No other file of nbddp spells an NBDDP_ name, in 
 say "the run setting `max_steps`", or the option a user types (tests/formats/test_run_settings.py).
 Standard library only: every room reads it.
 """
+import os
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -163,6 +164,7 @@ SETTINGS = (
 )
 
 _BY_NAME = {entry.name: entry for entry in SETTINGS}
+ON, OFF = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")  # a bool setting's values (`switch`)
 # ENV.MAX_STEPS == "NBDDP_MAX_STEPS": every variable's name, for the modules that set or read it
 ENV = SimpleNamespace(**{entry.env.removeprefix(PREFIX): entry.env for entry in SETTINGS if entry.env})
 
@@ -175,6 +177,19 @@ def setting(name: str) -> Setting:
 def env_name(name: str) -> str:
     """The NBDDP_ variable that carries setting `name`."""
     return setting(name).env
+
+
+def switch(name: str) -> bool:
+    """Whether the bool setting `name` is on in this process's environment (1, true, yes, on; unset, 0, false, no,
+    off: off); any other value is a UsageError that names the variable and the setting."""
+    from nbddp.errors import UsageError
+
+    variable = env_name(name)
+    text = os.environ.get(variable, "").strip().lower()
+    if text not in ON + OFF:
+        raise UsageError(f"{variable}={text!r}: expected 1 or 0 (on or off): the run setting `{name}`, "
+                         f"{setting(name).help.split(' (')[0]}")
+    return text in ON
 
 
 def for_command(command: str) -> tuple:

@@ -26,15 +26,13 @@ import contextlib
 import functools
 import gc
 import math
-import os
 import time
 
 import torch
 from transformers import TrainerCallback
 
 from nbddp import log, patches
-from nbddp.errors import UsageError
-from nbddp.formats.run_settings import ENV
+from nbddp.formats import run_settings
 from nbddp.rank import is_main_process
 
 PATCH = "unsloth-graphed-layers"
@@ -45,7 +43,6 @@ BUCKET_TOKENS = 256
 KEYWORDS = {"causal_mask", "attention_mask", "position_ids", "past_key_value", "output_attentions", "use_cache",
             "padding_mask", "position_embeddings", "packed_seq_lengths"}
 NOT_SET = ("causal_mask", "attention_mask", "past_key_value", "output_attentions", "use_cache", "padding_mask")
-TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 MAX_BUCKETS = 12  # each holds its layers' input, output and gradient buffers besides the shared pool
 # GPU memory a bucket may take a token, layer and hidden unit, in bytes: its fixed buffers (8 a hidden unit) and the
 # pool's growth (0.17 MiB a token and layer at 8B widths, bench/results/graphed_layers_1xh100.json: about 43 x
@@ -55,11 +52,7 @@ BUCKET_BYTES = 64
 
 def wanted() -> bool:
     """Whether the run setting `cuda_graphs` is on; a value that is neither on nor off is a usage error."""
-    text = os.environ.get(ENV.CUDA_GRAPHS, "").strip().lower()
-    if text not in TRUE + FALSE:
-        raise UsageError(f"{ENV.CUDA_GRAPHS}={text!r}: expected 1 or 0 (on or off): the run setting `cuda_graphs`, "
-                         "CUDA graphs over Unsloth's decoder layers")
-    return text in TRUE
+    return run_settings.switch("cuda_graphs")
 
 
 def install(trainer, mode: str) -> None:

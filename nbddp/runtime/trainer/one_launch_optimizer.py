@@ -21,13 +21,11 @@ raises, the hidden gradients stay hidden: the step failed anyway.
 import collections
 import dataclasses
 import importlib.util
-import os
 
 import torch
 
 from nbddp import log, patches
-from nbddp.errors import UsageError
-from nbddp.formats.run_settings import ENV
+from nbddp.formats import run_settings
 from nbddp.rank import is_main_process
 
 PATCH = "bitsandbytes-one-launch"
@@ -36,16 +34,11 @@ BLOCK = 256  # bitsandbytes' blocks of the 8-bit blockwise optimizer states (Opt
 # flat copies of gradients and values take memory of their size (an 8B model's LoRA at r 16: 42M elements).
 MAX_ELEMENTS = 2 ** 28
 STATES = ("state1", "state2", "absmax1", "absmax2")
-TRUE, FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
 
 
 def wanted() -> bool:
     """Whether the run setting `one_launch_optimizer` is on; a value that is neither on nor off is a usage error."""
-    text = os.environ.get(ENV.ONE_LAUNCH_OPTIMIZER, "").strip().lower()
-    if text not in TRUE + FALSE:
-        raise UsageError(f"{ENV.ONE_LAUNCH_OPTIMIZER}={text!r}: expected 1 or 0 (on or off): the run setting "
-                         "`one_launch_optimizer`, bitsandbytes' 8-bit AdamW in one update launch a step")
-    return text in TRUE
+    return run_settings.switch("one_launch_optimizer")
 
 
 def install() -> None:
