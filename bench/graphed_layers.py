@@ -56,6 +56,18 @@ def padded(lengths, bucket):
     return table, positions_of(table)
 
 
+def padded_batch(torch, batch, bucket_size):
+    """A padding-free micro batch (the model's keywords) padded as the runtime lever pads it: to its bucket
+    (`bucket_size` of its tokens) by one more sequence, whose tokens carry no loss (labels -100)."""
+    lengths = batch["packed_seq_lengths"].tolist()
+    table, positions = padded(lengths, bucket_size(sum(lengths)))
+    ids, device = batch["input_ids"], batch["input_ids"].device
+    return {**batch, "input_ids": torch.cat([ids, ids.new_zeros(1, table[-1])], 1),
+            "labels": torch.cat([batch["labels"], batch["labels"].new_full((1, table[-1]), -100)], 1),
+            "position_ids": torch.tensor([positions], device=device),
+            "packed_seq_lengths": torch.tensor(table, dtype=torch.int32, device=device)}
+
+
 def positions_of(lengths):
     """Every token's position in its sequence, for sequences of `lengths` packed into one row."""
     return [position for length in lengths for position in range(length)]
@@ -294,8 +306,9 @@ def runtime_check(torch, model, parameters, rounds):
     """nbddp's runtime lever itself (`GraphedLayers` on the model's decoder layers) under the model's own forward
     with labels, each of RUNTIME_STEPS an optimizer step of micro batches accumulated. Returns `max_rel_diff` of its
     losses and LoRA gradients against the eager steps, `eager_repeat_max_rel_diff` (eager against itself, the
-    yardstick; the graphed micro batches run padded to their buckets, the eager ones not, and the stack stage's
-    `same_shapes_max_rel_diff` tells the graphs' own share from the padding's), `drained_ms` of all the steps
+    yardstick), `padded_max_rel_diff` (against the eager steps with each micro batch padded as the lever pads it,
+    its padding sequence's tokens without loss: the graphs' own share) and `padding_max_rel_diff` (those padded
+    eager steps against the unpadded ones: what the longer rows alone change), `drained_ms` of all the steps
     eagerly and then graphed (median over `rounds`; not interleaved: the layers stay graphed once they are), the
     losses, and the lever's own summary line. A micro batch the lever ran eagerly (a failed capture, a reason of its
     own) is an error, not a figure."""
@@ -310,6 +323,7 @@ def runtime_check(torch, model, parameters, rounds):
                 "num_items_in_batch": torch.tensor(sum(lengths) - len(lengths), device="cuda")}
 
     steps = [[micro_batch(lengths) for lengths in micro_batches] for micro_batches in RUNTIME_STEPS]
+    padded_steps = [[padded_batch(torch, batch, graphed_layers.bucket_size) for batch in batches] for batches in steps]
 
     def run(batches):
         for parameter in parameters:
@@ -331,6 +345,7 @@ def runtime_check(torch, model, parameters, rounds):
 
     eager = [run(batches) for batches in steps]
     again = [run(batches) for batches in steps]
+    eager_padded = [run(batches) for batches in padded_steps]
     eager_ms = statistics.median(timed_steps() for _ in range(rounds))
     layers = graphed_layers.decoder_layers(model)
     if not layers:
@@ -344,6 +359,8 @@ def runtime_check(torch, model, parameters, rounds):
     graphed_ms = statistics.median(timed_steps() for _ in range(rounds))
     return {"max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, eager)),
             "eager_repeat_max_rel_diff": max(step_difference(a, b) for a, b in zip(again, eager)),
+            "padded_max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, eager_padded)),
+            "padding_max_rel_diff": max(step_difference(a, b) for a, b in zip(eager_padded, eager)),
             "drained_ms": {"eager": eager_ms, "graphed": graphed_ms},
             "losses": {"eager": [losses for losses, _ in eager], "graphed": [losses for losses, _ in graphed]},
             "summary": graphs.summary()}

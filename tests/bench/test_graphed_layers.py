@@ -102,3 +102,17 @@ def test_the_runtime_steps_first_two_micro_batches_share_a_bucket():
     first, second = graphed_layers.RUNTIME_STEPS[0]
     assert bucket_size(sum(first)) == bucket_size(sum(second)) and len(first) == len(second)
     assert bucket_size(sum(graphed_layers.RUNTIME_STEPS[1][0])) != bucket_size(sum(first))
+
+
+def test_a_micro_batch_padded_as_the_lever_pads_it():
+    from nbddp.runtime.graphed_layers import bucket_size
+
+    ids = torch.arange(5).unsqueeze(0) + 10
+    batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.tensor([[0, 1, 0, 1, 2]]),
+             "packed_seq_lengths": torch.tensor([2, 3], dtype=torch.int32), "num_items_in_batch": torch.tensor(3)}
+    padded = graphed_layers.padded_batch(torch, batch, bucket_size)
+    assert padded["input_ids"].shape == padded["labels"].shape == padded["position_ids"].shape == (1, 256)
+    assert padded["packed_seq_lengths"].tolist() == [2, 3, 251]
+    assert torch.equal(padded["labels"][:, :5], ids) and (padded["labels"][:, 5:] == -100).all()
+    assert padded["position_ids"][0, :7].tolist() == [0, 1, 0, 1, 2, 0, 1]
+    assert padded["num_items_in_batch"] is batch["num_items_in_batch"]
