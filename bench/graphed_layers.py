@@ -56,18 +56,6 @@ def padded(lengths, bucket):
     return table, positions_of(table)
 
 
-def padded_batch(torch, batch, bucket_size):
-    """A padding-free micro batch (the model's keywords) padded as the runtime lever pads it: to its bucket
-    (`bucket_size` of its tokens) by one more sequence, whose tokens carry no loss (labels -100)."""
-    lengths = batch["packed_seq_lengths"].tolist()
-    table, positions = padded(lengths, bucket_size(sum(lengths)))
-    ids, device = batch["input_ids"], batch["input_ids"].device
-    return {**batch, "input_ids": torch.cat([ids, ids.new_zeros(1, table[-1])], 1),
-            "labels": torch.cat([batch["labels"], batch["labels"].new_full((1, table[-1]), -100)], 1),
-            "position_ids": torch.tensor([positions], device=device),
-            "packed_seq_lengths": torch.tensor(table, dtype=torch.int32, device=device)}
-
-
 def positions_of(lengths):
     """Every token's position in its sequence, for sequences of `lengths` packed into one row."""
     return [position for length in lengths for position in range(length)]
@@ -306,9 +294,10 @@ def runtime_check(torch, model, parameters, rounds):
     """nbddp's runtime lever itself (`GraphedLayers` on the model's decoder layers) under the model's own forward
     with labels, each of RUNTIME_STEPS an optimizer step of micro batches accumulated. Returns `max_rel_diff` of its
     losses and LoRA gradients against the eager steps, `eager_repeat_max_rel_diff` (eager against itself, the
-    yardstick), `padded_max_rel_diff` (against the eager steps with each micro batch padded as the lever pads it,
-    its padding sequence's tokens without loss: the graphs' own share) and `padding_max_rel_diff` (those padded
-    eager steps against the unpadded ones: what the longer rows alone change), `drained_ms` of all the steps
+    yardstick), `padded_max_rel_diff` (against the steps run through the lever with its modules left eager: padded,
+    pinned and cut back as it does, nothing replayed; the graphs' own share) and `padding_max_rel_diff` (those
+    against the plain eager steps: what the padding alone changes), or `padded_error` where that reference failed,
+    `drained_ms` of all the steps
     eagerly and then graphed (median over `rounds`; not interleaved: the layers stay graphed once they are), the
     losses, and the lever's own summary line. A micro batch the lever ran eagerly (a failed capture, a reason of its
     own) is an error, not a figure."""
@@ -323,7 +312,6 @@ def runtime_check(torch, model, parameters, rounds):
                 "num_items_in_batch": torch.tensor(sum(lengths) - len(lengths), device="cuda")}
 
     steps = [[micro_batch(lengths) for lengths in micro_batches] for micro_batches in RUNTIME_STEPS]
-    padded_steps = [[padded_batch(torch, batch, graphed_layers.bucket_size) for batch in batches] for batches in steps]
 
     def run(batches):
         for parameter in parameters:
@@ -345,25 +333,48 @@ def runtime_check(torch, model, parameters, rounds):
 
     eager = [run(batches) for batches in steps]
     again = [run(batches) for batches in steps]
-    eager_padded = [run(batches) for batches in padded_steps]
     eager_ms = statistics.median(timed_steps() for _ in range(rounds))
     layers = graphed_layers.decoder_layers(model)
     if not layers:
         raise RuntimeError("the model's decoder layers are not Unsloth's Llama ones, which the lever graphs")
+    micro_batches = sum(len(batches) for batches in steps)
+    padded = {}
+    try:  # a reference only: its failure is recorded, the lever's check goes on
+        padded["steps"] = lever_left_eager(graphed_layers, layers, torch.device("cuda"),
+                                           lambda: [run(batches) for batches in steps], micro_batches)
+    except Exception as error:
+        padded["error"] = "".join(traceback.format_exception_only(error)).strip()[-2000:]
     graphs = graphed_layers.GraphedLayers(layers, torch.device("cuda"))
     graphed = [run(batches) for batches in steps]
-    micro_batches = sum(len(batches) for batches in steps)
     if graphs.failed or graphs.replayed != micro_batches:  # the lever falls back to eager quietly: not a pass
         raise RuntimeError(f"the lever replayed {graphs.replayed} of {micro_batches} micro batches: {graphs.summary()}"
                            + (f"; {graphs.failed}" if graphs.failed else ""))
     graphed_ms = statistics.median(timed_steps() for _ in range(rounds))
     return {"max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, eager)),
             "eager_repeat_max_rel_diff": max(step_difference(a, b) for a, b in zip(again, eager)),
-            "padded_max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, eager_padded)),
-            "padding_max_rel_diff": max(step_difference(a, b) for a, b in zip(eager_padded, eager)),
+            **({"padded_max_rel_diff": max(step_difference(a, b) for a, b in zip(graphed, padded["steps"])),
+                "padding_max_rel_diff": max(step_difference(a, b) for a, b in zip(padded["steps"], eager))}
+               if "steps" in padded else {"padded_error": padded["error"]}),
             "drained_ms": {"eager": eager_ms, "graphed": graphed_ms},
             "losses": {"eager": [losses for losses, _ in eager], "graphed": [losses for losses, _ in graphed]},
             "summary": graphs.summary()}
+
+
+def lever_left_eager(graphed_layers, layers, device, run_steps, micro_batches, **lever_options):
+    """`run_steps()` through nbddp's lever (`GraphedLayers(layers, device, **lever_options)`) with each bucket's
+    "graphs" the eager layer modules it would capture (padded, pinned and cut back as it does, nothing replayed),
+    then the layers' own forward again. An error unless every micro batch went through a bucket."""
+    lever = graphed_layers.GraphedLayers(layers, device, make_graphed=lambda modules, samples, **options: modules,
+                                         **lever_options)
+    try:
+        results = run_steps()
+    finally:
+        for layer in layers:  # the lever's instance attribute: the class's forward again
+            vars(layer).pop("forward", None)
+    if lever.failed or lever.replayed != micro_batches:
+        raise RuntimeError(f"the eager lever took {lever.replayed} of {micro_batches} micro batches: "
+                           f"{lever.summary()}")
+    return results
 
 
 def step_difference(a, b):

@@ -104,15 +104,19 @@ def test_the_runtime_steps_first_two_micro_batches_share_a_bucket():
     assert bucket_size(sum(graphed_layers.RUNTIME_STEPS[1][0])) != bucket_size(sum(first))
 
 
-def test_a_micro_batch_padded_as_the_lever_pads_it():
-    from nbddp.runtime.graphed_layers import bucket_size
 
-    ids = torch.arange(5).unsqueeze(0) + 10
-    batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.tensor([[0, 1, 0, 1, 2]]),
-             "packed_seq_lengths": torch.tensor([2, 3], dtype=torch.int32), "num_items_in_batch": torch.tensor(3)}
-    padded = graphed_layers.padded_batch(torch, batch, bucket_size)
-    assert padded["input_ids"].shape == padded["labels"].shape == padded["position_ids"].shape == (1, 256)
-    assert padded["packed_seq_lengths"].tolist() == [2, 3, 251]
-    assert torch.equal(padded["labels"][:, :5], ids) and (padded["labels"][:, 5:] == -100).all()
-    assert padded["position_ids"][0, :7].tolist() == [0, 1, 0, 1, 2, 0, 1]
-    assert padded["num_items_in_batch"] is batch["num_items_in_batch"]
+def test_the_lever_left_eager_pads_and_cuts_back_then_gives_the_layers_their_forward_again():
+    from nbddp.runtime import graphed_layers as lever
+    from tests.runtime import test_graphed_layers as stand_ins
+
+    layers = stand_ins.model_of(2)
+    hidden, grad = torch.randn(1, 6, 4), torch.randn(1, 6, 4)
+    plain = stand_ins.step(layers, (2, 4), hidden, grad)
+    options = {"pin": lambda table, device: None, "route_check": stand_ins.no_check}
+    through = graphed_layers.lever_left_eager(lever, layers, torch.device("cpu"),
+                                              lambda: stand_ins.step(layers, (2, 4), hidden, grad), 1, **options)
+    torch.testing.assert_close(through, plain)
+    assert all("forward" not in vars(layer) for layer in layers)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="the eager lever took 0 of 1 micro batches"):
+        graphed_layers.lever_left_eager(lever, layers, torch.device("cpu"),
+                                        lambda: stand_ins.run(layers, (2, 4), hidden), 1, **options)

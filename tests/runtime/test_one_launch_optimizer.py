@@ -217,12 +217,17 @@ def test_the_run_setting(monkeypatch, backend_patches_undone_after):
 def test_under_accelerate_as_the_trainer_steps(hooked):
     from accelerate import Accelerator
 
+    from accelerate.state import AcceleratorState
+
     made, plain_calls = pair(hooked)
     accelerator = Accelerator(cpu=True)  # Trainer steps through the optimizer it prepares
-    wrapped = [(params, accelerator.prepare_optimizer(optimizer)) for params, optimizer in made]
-    for step in (1, 2, 3):
-        step_both(wrapped, step)
-        assert_same(made)
+    try:
+        wrapped = [(params, accelerator.prepare_optimizer(optimizer)) for params, optimizer in made]
+        for step in (1, 2, 3):
+            step_both(wrapped, step)
+            assert_same(made)
+    finally:
+        AcceleratorState._reset_state(True)  # process-wide: later tests build their own
     assert isinstance(made[1][1].nbddp_flat[0], one_launch_optimizer.Flat)
     assert len(hooked) < len(plain_calls)
 
@@ -279,7 +284,10 @@ def test_rank_0_says_once_how_many_tensors_update_in_one_launch(hooked, caplog):
     for step in (1, 2, 3):
         step_both(made, step)
     said = [record.getMessage() for record in caplog.records if "one_launch_optimizer" in record.getMessage()]
-    assert said == ["nbddp: one_launch_optimizer: 3 of the 4 tensors stepped (0.0M elements) update in 1 launch a "
+    assert said[0] == (f"nbddp: one_launch_optimizer: the optimizer is {__name__}.Optimizer2State, not "
+                       "bitsandbytes' 2-state one: its step is its own")  # the plain one's
+    said = said[1:]
+    assert said == ["nbddp: one_launch_optimizer: 3 of the 4 tensors stepped (2,304 elements) update in 1 launch a "
                     "step; bitsandbytes steps the others one by one"]
     caplog.clear()
     made, _ = pair(hooked, lr=1e-3)
@@ -288,3 +296,8 @@ def test_rank_0_says_once_how_many_tensors_update_in_one_launch(hooked, caplog):
     step_both(made, 1)
     step_both(made, 2)
     assert "none of the 4 tensors stepped updates in one launch" in caplog.text
+    caplog.clear()
+    made, _ = pair(hooked, is_paged=True)
+    for step in (1, 2):
+        step_both(made, step)
+    assert caplog.text.count("one_launch_optimizer: bitsandbytes' paged optimizers move their states") == 1

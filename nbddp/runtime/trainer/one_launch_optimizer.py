@@ -60,8 +60,8 @@ def install() -> None:
     hooks.register()
     if is_main_process():
         log.info("nbddp: the run setting `one_launch_optimizer`: bitsandbytes' 8-bit AdamW is to update the tensors "
-                 f"whose sizes are multiples of {BLOCK} in one launch a step, from its second step (a line then says "
-                 "how many)")
+                 f"whose sizes are multiples of {BLOCK} in one launch a step, from its second step (its first hooked "
+                 "step says how many, or why none)")
 
 
 class Hooks:
@@ -81,8 +81,13 @@ class Hooks:
     def before(self, optimizer, args, kwargs):
         """Update each group's flat tensors in one launch; hide their gradients from the optimizer's own loop.
         (`args`: the step's, the optimizer first; accelerate passes `closure=None` positionally.)"""
-        if not isinstance(optimizer, self.optimizer_class) or optimizer.is_paged or optimizer.optimizer_name != "adam" \
-                or any(arg is not None for arg in args[1:]) or kwargs.get("closure") is not None \
+        unfit = _unfit(optimizer, self.optimizer_class)
+        if unfit:
+            if not optimizer.__dict__.get("nbddp_flat_said") and is_main_process():
+                optimizer.nbddp_flat_said = True
+                log.warning(f"nbddp: one_launch_optimizer: {unfit}: its step is its own")
+            return
+        if any(arg is not None for arg in args[1:]) or kwargs.get("closure") is not None \
                 or not getattr(optimizer, "initialized", True):
             return
         overrides = repr((optimizer.mng.pid2config, optimizer.mng.index2config)) if hasattr(optimizer, "mng") else ""
@@ -207,13 +212,25 @@ def _say_what_was_done(optimizer, hidden) -> None:
     if hidden:
         elements = sum(p.numel() for p, _ in hidden)
         launches = sum(isinstance(flat, Flat) for flat in optimizer.nbddp_flat.values())
+        others = "; bitsandbytes steps the others one by one" if len(hidden) < stepped else ""
         log.info(f"nbddp: one_launch_optimizer: {len(hidden)} of the {stepped} tensors stepped "
-                 f"({elements / 1e6:.1f}M elements) update in {launches} launch{'es' if launches > 1 else ''} a step; "
-                 "bitsandbytes steps the others one by one")
+                 f"({elements:,} elements) update in {launches} launch{'es' if launches > 1 else ''} a step{others}")
     else:
-        log.warning(f"nbddp: one_launch_optimizer: none of the {stepped} tensors stepped updates in one launch "
-                    f"(sizes not whole blocks of {BLOCK}, other dtypes, devices, settings or step counts, a closure, "
-                    "or a stream other than the default one): bitsandbytes steps them one by one")
+        log.warning(f"nbddp: one_launch_optimizer: none of the {stepped} tensors stepped updates in one launch at "
+                    f"the first step it could (no two alike: sizes not whole blocks of {BLOCK}, or other dtypes, "
+                    "devices, settings, step counts or quantization maps; or a stream other than the default one, or "
+                    "no memory for the flat copies): bitsandbytes steps them one by one")
+
+
+def _unfit(optimizer, optimizer_class) -> str:
+    """Why `optimizer` is not one the hooks step ("" when it is one)."""
+    if not isinstance(optimizer, optimizer_class):
+        return f"the optimizer is {type(optimizer).__module__}.{type(optimizer).__name__}, not bitsandbytes' 2-state one"
+    if optimizer.is_paged:
+        return "bitsandbytes' paged optimizers move their states between host and device"
+    if optimizer.optimizer_name != "adam":
+        return f"bitsandbytes' {optimizer.optimizer_name!r} update keeps its states otherwise than Adam's"
+    return ""
 
 
 def _blockwise_8bit(p, state) -> bool:
