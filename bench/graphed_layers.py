@@ -291,16 +291,15 @@ def buckets(torch, packing, model, parameters, eager_for, rounds):
 
 
 def runtime_check(torch, model, parameters, rounds):
-    """nbddp's runtime lever itself (`GraphedLayers` on the model's decoder layers) under the model's own forward
-    with labels, each of RUNTIME_STEPS an optimizer step of micro batches accumulated. Returns `max_rel_diff` of its
-    losses and LoRA gradients against the eager steps, `eager_repeat_max_rel_diff` (eager against itself, the
-    yardstick), `padded_max_rel_diff` (against the steps run through the lever with its modules left eager: padded,
-    pinned and cut back as it does, nothing replayed; the graphs' own share) and `padding_max_rel_diff` (those
-    against the plain eager steps: what the padding alone changes), or `padded_error` where that reference failed,
-    `drained_ms` of all the steps
-    eagerly and then graphed (median over `rounds`; not interleaved: the layers stay graphed once they are), the
-    losses, and the lever's own summary line. A micro batch the lever ran eagerly (a failed capture, a reason of its
-    own) is an error, not a figure."""
+    """nbddp's runtime lever itself (`GraphedLayers` on the model's decoder layers) under the model's own forward with
+    labels, each of RUNTIME_STEPS an optimizer step of micro batches accumulated. Returns `max_rel_diff` of its losses
+    and LoRA gradients against the eager steps, `eager_repeat_max_rel_diff` (eager against itself, the yardstick),
+    `padded_max_rel_diff` (against the steps run through the lever with its modules left eager: padded, pinned and cut
+    back as it does, nothing replayed; the graphs' own share) and `padding_max_rel_diff` (those against the plain eager
+    steps: what the padding alone changes), or `padded_error` where that reference failed, `drained_ms` of all the steps
+    eagerly and then graphed (median over `rounds`; not interleaved: the layers stay graphed once they are), the losses,
+    and the lever's own summary line. A micro batch the lever ran eagerly (a failed capture, a reason of its own) is an
+    error, not a figure."""
     from nbddp.runtime import graphed_layers
 
     generator = torch.Generator(device="cuda").manual_seed(2)
@@ -384,6 +383,14 @@ def step_difference(a, b):
     return max([abs(x - y) / abs(y) for x, y in zip(losses_a, losses_b)]
                + [float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
                   for x, y in zip(grads_a, grads_b)])
+
+
+def release_graphs(torch):
+    """Give back the memory of graphs no longer referenced: a graphed module's forward closes over the module (a
+    cycle, which only the collector frees)."""
+    torch.cuda.synchronize()
+    gc.collect()
+    torch.cuda.empty_cache()
 
 
 def stage(record, name, work):
@@ -521,15 +528,11 @@ def main():
             step(*variants["eager"], parameters), eager_result, real))
     write()
     graphed = variants = None  # the stack's graphs and their pool go before the buckets' are measured
-    torch.cuda.synchronize()
-    gc.collect()  # a graphed module's forward closes over the module: a cycle
-    torch.cuda.empty_cache()
+    release_graphs(torch)
     record["buckets"] = stage(record, "buckets", lambda: buckets(torch, packing, model, parameters, eager_for,
                                                                   args.rounds))
     write()
-    torch.cuda.synchronize()
-    gc.collect()
-    torch.cuda.empty_cache()
+    release_graphs(torch)
     record["runtime"] = stage(record, "runtime", lambda: runtime_check(torch, model, parameters, args.rounds))
     write()
     print(json.dumps({key: record.get(key) for key in ("median", "launches", "max_rel_diff", "same_shapes_max_rel_diff",

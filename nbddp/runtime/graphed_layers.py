@@ -11,15 +11,15 @@ gradient are the micro batch's own. A bucket (its size, its number of sequences)
 batch needs it; every bucket shares one memory pool, which is sound because a micro batch's forward and backward end
 before the next one's forward starts.
 
-Measured on one H100 (docs/performance.md): every micro batch of the 8B Alpaca notebook replayed, its step 1.78x
-sooner, about 1.1 s to capture a bucket. Only where the arithmetic is known to replay: on CUDA, under real Unsloth with its own decoder layer forward and the
-`unsloth-packed-attention` patch (the varlen kernel reads its sequence table from the GPU; Unsloth's per
-sequence paths read it on the host, which a graph would freeze: a capture in which a layer took one fails). The
-graphs hand back each gradient in a buffer the next replay overwrites, which autograd would adopt as a parameter's
-gradient (pytorch/pytorch#181723): the layers' parameters get zeroed gradients of nbddp's before a replay. Any
-other call of a layer (evaluation, no grad, padded batches, a key-value cache) runs eagerly, as does everything
-after a capture that fails (said once, with the error). `install` says what it did; at the end of training rank 0
-says how many micro batches replayed.
+Measured on one H100 (docs/performance.md): every micro batch of the 8B Alpaca notebook replayed, its step 1.78x sooner,
+about 1.1 s to capture a bucket. Only where the arithmetic is known to replay: on CUDA, under real Unsloth with its own
+decoder layer forward and the `unsloth-packed-attention` patch (the varlen kernel reads its sequence table from the GPU;
+Unsloth's per sequence paths read it on the host, which a graph would freeze: a capture in which a layer took one
+fails). The graphs hand back each gradient in a buffer the next replay overwrites, which autograd would adopt as a
+parameter's gradient (pytorch/pytorch#181723): the layers' parameters get zeroed gradients of nbddp's before a replay.
+Any other call of a layer (evaluation, no grad, padded batches, a key-value cache) runs eagerly, as does everything
+after a capture that fails (said once, with the error). `install` says what it did; at the end of training rank 0 says
+how many micro batches replayed.
 """
 import collections
 import contextlib

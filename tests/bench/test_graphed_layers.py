@@ -104,7 +104,6 @@ def test_the_runtime_steps_first_two_micro_batches_share_a_bucket():
     assert bucket_size(sum(graphed_layers.RUNTIME_STEPS[1][0])) != bucket_size(sum(first))
 
 
-
 def test_the_lever_left_eager_pads_and_cuts_back_then_gives_the_layers_their_forward_again():
     from nbddp.runtime import graphed_layers as lever
     from tests.runtime import test_graphed_layers as stand_ins

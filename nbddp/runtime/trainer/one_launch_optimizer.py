@@ -225,7 +225,8 @@ def _say_what_was_done(optimizer, hidden) -> None:
 def _unfit(optimizer, optimizer_class) -> str:
     """Why `optimizer` is not one the hooks step ("" when it is one)."""
     if not isinstance(optimizer, optimizer_class):
-        return f"the optimizer is {type(optimizer).__module__}.{type(optimizer).__name__}, not bitsandbytes' 2-state one"
+        kind = f"{type(optimizer).__module__}.{type(optimizer).__name__}"
+        return f"the optimizer is {kind}, not bitsandbytes' 2-state one"
     if optimizer.is_paged:
         return "bitsandbytes' paged optimizers move their states between host and device"
     if optimizer.optimizer_name != "adam":
